@@ -1,0 +1,1 @@
+"""Ebbflow operator: resizes ElasticTrainingJob workers as GPU capacity changes."""

@@ -1,0 +1,1 @@
+"""Ebbflow trainer: elastic, virtual-node PyTorch training inside worker pods."""

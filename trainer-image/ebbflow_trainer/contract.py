@@ -1,0 +1,72 @@
+"""The contract between the Ebbflow operator and the trainer: the one place every shared key lives.
+
+The operator imports these names to build worker pods; the trainer imports them to read its
+environment. Pure Python with no third-party imports, so the operator never pulls in torch.
+Never spell one of these strings anywhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- The custom resource -------------------------------------------------------------------------
+API_GROUP: Final = "ebbflow.dev"
+API_VERSION: Final = "v1alpha1"
+KIND: Final = "ElasticTrainingJob"
+PLURAL: Final = "elastictrainingjobs"
+SHORT_NAME: Final = "etj"
+
+# --- Labels and annotations on the pods and Services the operator creates -------------------------
+LABEL_JOB_NAME: Final = f"{API_GROUP}/job-name"
+LABEL_ROLE: Final = f"{API_GROUP}/role"
+ROLE_WORKER: Final = "worker"
+ROLE_RENDEZVOUS: Final = "rendezvous"
+LABEL_WORKER_INDEX: Final = f"{API_GROUP}/worker-index"
+ANNOTATION_WORLD_GENERATION: Final = f"{API_GROUP}/world-generation"
+# Rank 0 writes a JSON progress report here on its own pod (see PROGRESS_FIELDS); the operator
+# copies the newest report into the job's status.progress.
+ANNOTATION_PROGRESS: Final = f"{API_GROUP}/progress"
+PROGRESS_FIELDS: Final = ("step", "samples", "loss", "samplesPerSecond", "time")
+
+# --- Environment variables the operator sets on every worker container ---------------------------
+ENV_JOB_NAME: Final = "EBBFLOW_JOB_NAME"
+ENV_NAMESPACE: Final = "EBBFLOW_NAMESPACE"
+ENV_POD_NAME: Final = "EBBFLOW_POD_NAME"
+# host:port of the job's rendezvous Service (never a worker pod).
+ENV_RDZV_ENDPOINT: Final = "EBBFLOW_RDZV_ENDPOINT"
+# Unique per job incarnation, so a recreated job with the same name never joins an old round.
+ENV_RDZV_ID: Final = "EBBFLOW_RDZV_ID"
+ENV_MIN_REPLICAS: Final = "EBBFLOW_MIN_REPLICAS"
+ENV_MAX_REPLICAS: Final = "EBBFLOW_MAX_REPLICAS"
+ENV_VIRTUAL_NODES: Final = "EBBFLOW_VIRTUAL_NODES"
+ENV_GLOBAL_BATCH_SIZE: Final = "EBBFLOW_GLOBAL_BATCH_SIZE"
+ENV_BATCHING: Final = "EBBFLOW_BATCHING"
+ENV_LR_SCALING: Final = "EBBFLOW_LR_SCALING"
+ENV_WORLD_GENERATION: Final = "EBBFLOW_WORLD_GENERATION"
+ENV_CHECKPOINT_PATH: Final = "EBBFLOW_CHECKPOINT_PATH"
+ENV_CHECKPOINT_INTERVAL_STEPS: Final = "EBBFLOW_CHECKPOINT_INTERVAL_STEPS"
+ENV_METRICS_PORT: Final = "EBBFLOW_METRICS_PORT"
+# Seconds a worker has between SIGTERM and SIGKILL; the trainer finishes its step and hands its
+# state over within it. The operator sets the pod's terminationGracePeriodSeconds to the same value.
+ENV_LEAVE_GRACE_SECONDS: Final = "EBBFLOW_LEAVE_GRACE_SECONDS"
+
+# --- Ports ---------------------------------------------------------------------------------------
+RENDEZVOUS_PORT: Final = 29400
+METRICS_PORT: Final = 9400
+
+# --- Enumerations shared by the CRD and the trainer ----------------------------------------------
+BATCHING_POLICIES: Final = ("static", "dynamic")
+LR_SCALING_POLICIES: Final = ("none", "linear", "sqrt", "adascale")
+
+# --- Exit codes ----------------------------------------------------------------------------------
+# 0 means both "training finished" and "left gracefully after SIGTERM"; the operator tells them
+# apart by whether it asked the pod to leave.
+EXIT_SUCCESS: Final = 0
+# The trainer's configuration is invalid: retrying cannot help, so the operator fails the job.
+EXIT_INVALID_CONFIG: Final = 64
+# A worker killed by SIGKILL (128 + 9) or SIGTERM (128 + 15): preemption, not failure.
+EXIT_SIGKILL: Final = 137
+EXIT_SIGTERM: Final = 143
+PREEMPTION_EXIT_CODES: Final = frozenset({EXIT_SIGKILL, EXIT_SIGTERM})
+
+DEFAULT_LEAVE_GRACE_SECONDS: Final = 60
