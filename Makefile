@@ -1,0 +1,67 @@
+# Ebbflow — `make help` lists every target.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST := $(PY) -m pytest
+TOOLS_BIN := $(CURDIR)/.tools/bin
+KUBECONFIG_LOCAL := $(CURDIR)/.cluster/kubeconfig
+export PATH := $(TOOLS_BIN):$(PATH)
+# Sources that decide whether the editable install is current.
+INSTALL_STAMP := $(VENV)/.installed
+PYPROJECT := pyproject.toml
+
+.PHONY: help demo install tools cluster-up cluster-down lint typecheck test test-unit test-trainer \
+	test-integration e2e clean
+
+help: ## List every target with one line.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(INSTALL_STAMP): $(PYPROJECT)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[operator,trainer,dev]'
+	@touch $@
+
+install: $(INSTALL_STAMP) ## Virtualenv in .venv with an editable install and all extras.
+
+tools: ## Build the pinned control-plane tools into .tools/bin (cached per machine; fast when built).
+	@bash hack/build-tools.sh
+
+cluster-up: install tools ## Start a local control plane with fake GPU nodes; kubeconfig in .cluster/kubeconfig.
+	@$(PY) -m ebbflow_operator.devcluster up
+	@$(TOOLS_BIN)/kubectl --kubeconfig $(KUBECONFIG_LOCAL) get nodes \
+		-o custom-columns='NAME:.metadata.name,STATUS:.status.conditions[?(@.type=="Ready")].type,GPUS:.status.capacity.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product,CAPACITY:.metadata.labels.karpenter\.sh/capacity-type'
+
+demo: cluster-up ## Set everything up and start the local cluster with fake GPU nodes (the README's first command).
+
+cluster-down: ## Stop the local control plane; leaves no process behind.
+	@if [ -x $(PY) ]; then $(PY) -m ebbflow_operator.devcluster down; else echo "not running"; fi
+
+lint: ## ruff check and format check.
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/ruff format --check .
+
+typecheck: ## mypy (strict) over both packages.
+	@$(VENV)/bin/mypy
+
+test: install tools ## Everything CI runs: lint, typecheck, unit, trainer and integration tiers.
+	@$(MAKE) --no-print-directory lint typecheck
+	$(PYTEST) -m "unit or trainer or integration" tests
+
+test-unit: install ## Unit tier: pure logic and trainer maths, no API.
+	$(PYTEST) -m unit tests
+
+test-trainer: install ## Trainer tier: real trainer processes, gloo, torch elastic rendezvous.
+	$(PYTEST) -m trainer tests
+
+test-integration: install tools ## Integration tier: real control plane with KWOK GPU nodes.
+	$(PYTEST) -m integration tests
+
+e2e: install tools ## End-to-end on a kind cluster (needs Docker and internet); see e2e/README.md.
+	$(PYTEST) -m e2e tests
+
+clean: cluster-down ## Remove the venv, built tools in .tools and cluster state (the per-machine tool cache stays).
+	rm -rf $(VENV) .tools .cluster .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,413 @@
+"""A real, local Kubernetes control plane for tests, benchmarks and the demo.
+
+etcd + kube-apiserver + kube-controller-manager + kube-scheduler + the KWOK controller, each a
+child process on free loopback ports, sharing one temporary folder. Nodes are fake (KWOK), the
+API machinery is not: scheduling, garbage collection, taint eviction and the Eviction API all run
+the real Kubernetes code. Children die with their parent (PR_SET_PDEATHSIG), so an interrupted test
+run leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import functools
+import ipaddress
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_TOOLS_BIN = Path(os.environ.get("EBBFLOW_TOOLS_BIN", REPO_ROOT / ".tools" / "bin"))
+STAGES_DIR = Path(__file__).parent / "stages"
+REQUIRED_TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
+ADMIN_USER = "ebbflow-admin"
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not start; the message says which component and shows its log."""
+
+
+@dataclass
+class Component:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+@dataclass
+class ControlPlane:
+    """A running control plane. `kubeconfig` is an admin kubeconfig for it."""
+
+    workdir: Path
+    kubeconfig: Path
+    server: str
+    token: str
+    components: list[Component] = field(default_factory=list)
+    remove_workdir: bool = True
+
+    def stop(self) -> None:
+        """Stops every component (newest first) and removes the temporary folder. Idempotent."""
+        for component in reversed(self.components):
+            _terminate(component.process)
+        self.components.clear()
+        if self.remove_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def check_alive(self) -> None:
+        for component in self.components:
+            if component.process.poll() is not None:
+                raise ControlPlaneError(
+                    f"{component.name} exited with {component.process.returncode}:\n{component.log_tail()}"
+                )
+
+
+def missing_tools(tools_bin: Path = DEFAULT_TOOLS_BIN) -> list[str]:
+    return [tool for tool in REQUIRED_TOOLS if not os.access(tools_bin / tool, os.X_OK)]
+
+
+@contextlib.contextmanager
+def running_control_plane(
+    workdir: Path | None = None, tools_bin: Path = DEFAULT_TOOLS_BIN
+) -> Iterator[ControlPlane]:
+    """Context manager: a started control plane, stopped on exit whatever happens inside."""
+    plane = start_control_plane(workdir=workdir, tools_bin=tools_bin)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+def start_control_plane(
+    workdir: Path | None = None, tools_bin: Path = DEFAULT_TOOLS_BIN, timeout: float = 60.0
+) -> ControlPlane:
+    """Starts every component and waits until the API serves and the controllers run."""
+    missing = missing_tools(tools_bin)
+    if missing:
+        raise ControlPlaneError(
+            f"missing tools in {tools_bin}: {', '.join(missing)}; build them with `make tools`"
+        )
+    remove_workdir = workdir is None
+    root = Path(tempfile.mkdtemp(prefix="ebbflow-cp-")) if workdir is None else workdir
+    root.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(16)
+    ports = _free_ports(6)
+    etcd_client, etcd_peer, apiserver_port, kcm_port, scheduler_port, kwok_port = ports
+    server = f"https://127.0.0.1:{apiserver_port}"
+    pki = _write_pki(root / "pki")
+    kubeconfig = root / "kubeconfig"
+    _write_kubeconfig(kubeconfig, server, pki.ca_cert, token)
+    (root / "tokens.csv").write_text(f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+
+    plane = ControlPlane(root, kubeconfig, server, token, remove_workdir=remove_workdir)
+    deadline = time.monotonic() + timeout
+    try:
+        start = _starter(plane, tools_bin, root / "logs")
+        start(
+            "etcd",
+            [
+                f"--data-dir={root / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        _await(plane, deadline, "etcd healthy", lambda: _http_ok(f"http://127.0.0.1:{etcd_client}/health"))
+        start(
+            "kube-apiserver",
+            [
+                f"--etcd-servers=http://127.0.0.1:{etcd_client}",
+                f"--secure-port={apiserver_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--tls-cert-file={pki.server_cert}",
+                f"--tls-private-key-file={pki.server_key}",
+                f"--client-ca-file={pki.ca_cert}",
+                f"--token-auth-file={root / 'tokens.csv'}",
+                "--authorization-mode=RBAC",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki.sa_key}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                "--allow-privileged=true",
+                f"--cert-dir={root / 'pki'}",
+                "--v=1",
+            ],
+        )
+        _await(plane, deadline, "kube-apiserver ready", lambda: _api_ok(server, token, pki.ca_cert))
+        start(
+            "kube-controller-manager",
+            [
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--leader-elect=false",
+                f"--secure-port={kcm_port}",
+                "--bind-address=127.0.0.1",
+                f"--root-ca-file={pki.ca_cert}",
+                f"--service-account-private-key-file={pki.sa_key}",
+                "--use-service-account-credentials=false",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                "--v=1",
+            ],
+        )
+        start(
+            "kube-scheduler",
+            [
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--leader-elect=false",
+                f"--secure-port={scheduler_port}",
+                "--bind-address=127.0.0.1",
+                "--v=1",
+            ],
+        )
+        start(
+            "kwok",
+            [
+                f"--kubeconfig={kubeconfig}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                "--manage-nodes-with-label-selector=",
+                "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
+                "--disregard-status-with-label-selector=",
+                f"--server-address=127.0.0.1:{kwok_port}",
+                "--node-lease-duration-seconds=40",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.0.0.1",
+                f"--config={STAGES_DIR / 'nodes.yaml'}",
+                f"--config={STAGES_DIR / 'pods.yaml'}",
+            ],
+        )
+        for name, port in (("kube-controller-manager", kcm_port), ("kube-scheduler", scheduler_port)):
+            _await(
+                plane,
+                deadline,
+                f"{name} healthy",
+                functools.partial(_http_ok, f"https://127.0.0.1:{port}/healthz"),
+            )
+        _await(plane, deadline, "kwok healthy", lambda: _http_ok(f"http://127.0.0.1:{kwok_port}/healthz"))
+        # The default ServiceAccount proves the controller-manager's controllers are running;
+        # pods cannot be created in a namespace before it exists.
+        _await(
+            plane,
+            deadline,
+            "default ServiceAccount",
+            lambda: _api_ok(server, token, pki.ca_cert, "/api/v1/namespaces/default/serviceaccounts/default"),
+        )
+    except BaseException:
+        plane.stop()
+        raise
+    return plane
+
+
+# --- processes -----------------------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: the kernel sends SIGKILL when the parent dies."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _starter(plane: ControlPlane, tools_bin: Path, logs: Path) -> Callable[[str, list[str]], None]:
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def start(name: str, args: list[str]) -> None:
+        log_path = logs / f"{name}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [str(tools_bin / name), *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+                cwd=plane.workdir,
+            )
+        plane.components.append(Component(name, process, log_path))
+
+    return start
+
+
+def _terminate(process: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports; all sockets stay open until every port is chosen."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _await(plane: ControlPlane, deadline: float, what: str, check: Callable[[], bool]) -> None:
+    while True:
+        plane.check_alive()
+        if check():
+            return
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {c.name}\n{c.log_tail(10)}" for c in plane.components)
+            raise ControlPlaneError(f"timed out waiting for {what}\n{logs}")
+        time.sleep(0.1)
+
+
+def _http_ok(url: str) -> bool:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # local health probes only; the API itself is verified
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as response:
+            return bool(response.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def _api_ok(server: str, token: str, ca_cert: Path, path: str = "/readyz") -> bool:
+    context = ssl.create_default_context(cafile=str(ca_cert))
+    request = urllib.request.Request(server + path, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
+            return bool(response.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+# --- certificates and kubeconfig -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Pki:
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+    sa_key: Path
+
+
+def _write_pki(folder: Path) -> _Pki:
+    """A throwaway CA, a serving certificate for 127.0.0.1, and a service-account signing key."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+    from cryptography.x509.oid import NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+
+    def pem_key(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
+        return key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ebbflow-local-ca")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [
+                    x509.DNSName("localhost"),
+                    x509.DNSName("kubernetes.default.svc"),
+                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
+                ]
+            ),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pki = _Pki(folder / "ca.crt", folder / "server.crt", folder / "server.key", folder / "sa.key")
+    pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    pki.server_cert.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+    pki.server_key.write_bytes(pem_key(server_key))
+    pki.sa_key.write_bytes(pem_key(sa_key))
+    return pki
+
+
+def _write_kubeconfig(path: Path, server: str, ca_cert: Path, token: str) -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "ebbflow-local", "cluster": {"server": server, "certificate-authority": str(ca_cert)}}
+        ],
+        "users": [{"name": ADMIN_USER, "user": {"token": token}}],
+        "contexts": [{"name": "ebbflow-local", "context": {"cluster": "ebbflow-local", "user": ADMIN_USER}}],
+        "current-context": "ebbflow-local",
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
