@@ -33,7 +33,7 @@ tools: ## Build the pinned control-plane tools into .tools/bin (cached per machi
 cluster-up: install tools ## Start a local control plane with fake GPU nodes; kubeconfig in .cluster/kubeconfig.
 	@$(PY) -m ebbflow_operator.devcluster up
 	@$(TOOLS_BIN)/kubectl --kubeconfig $(KUBECONFIG_LOCAL) get nodes \
-		-o custom-columns='NAME:.metadata.name,STATUS:.status.conditions[?(@.type=="Ready")].type,GPUS:.status.capacity.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product,CAPACITY:.metadata.labels.karpenter\.sh/capacity-type'
+		-o custom-columns='NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,GPUS:.status.capacity.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product,CAPACITY:.metadata.labels.karpenter\.sh/capacity-type'
 
 demo: cluster-up ## Set everything up and start the local cluster with fake GPU nodes (the README's first command).
 

@@ -70,13 +70,19 @@ def up(workdir: Path, argv: list[str], timeout: float = 120.0) -> int:
             start_new_session=True,
         )
     deadline = time.monotonic() + timeout
-    while not (workdir / READY_FILE).exists():
-        if supervisor.poll() is not None or time.monotonic() > deadline:
-            supervisor.kill()
-            print(log_path.read_text(errors="replace")[-4000:], file=sys.stderr)
-            print(f"cluster did not start; full log in {log_path}", file=sys.stderr)
-            return 1
-        time.sleep(0.2)
+    try:
+        while not (workdir / READY_FILE).exists():
+            if supervisor.poll() is not None or time.monotonic() > deadline:
+                raise TimeoutError
+            time.sleep(0.2)
+    except BaseException as error:  # also Ctrl-C: a cluster nobody waited for must not stay behind
+        supervisor.terminate()
+        supervisor.wait(30)
+        if not isinstance(error, TimeoutError):
+            raise
+        print(log_path.read_text(errors="replace")[-4000:], file=sys.stderr)
+        print(f"cluster did not start; full log in {log_path}", file=sys.stderr)
+        return 1
     kubeconfig = workdir / "kubeconfig"
     print(f"Local control plane with fake GPU nodes is up (supervisor pid {supervisor.pid}).")
     print(f"  export KUBECONFIG={kubeconfig}")
@@ -115,13 +121,14 @@ def serve(workdir: Path, nodes: int, spot_nodes: int, gpus: int, replicas: int) 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     started = time.monotonic()
+    (workdir / PID_FILE).write_text(str(os.getpid()))  # first, so `down` finds a cluster still starting
     try:
         plane = start_control_plane(workdir=workdir)
     except ControlPlaneError as error:
+        (workdir / PID_FILE).unlink(missing_ok=True)
         print(error, file=sys.stderr)
         return 1
     try:
-        (workdir / PID_FILE).write_text(str(os.getpid()))
         core = client.CoreV1Api(config.new_client_from_config(config_file=str(plane.kubeconfig)))
         on_demand = GpuNodeTemplate(gpus=gpus, time_slicing_replicas=replicas)
         spot = GpuNodeTemplate(gpus=gpus, time_slicing_replicas=replicas, spot=True)

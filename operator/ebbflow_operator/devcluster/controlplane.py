@@ -172,6 +172,7 @@ def start_control_plane(
                 f"--root-ca-file={pki.ca_cert}",
                 f"--service-account-private-key-file={pki.sa_key}",
                 "--use-service-account-credentials=false",
+                "--node-monitor-period=1s",  # notice new Ready nodes (and lift their not-ready taint) quickly
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                 "--v=1",
             ],
@@ -195,8 +196,6 @@ def start_control_plane(
                 "--manage-all-nodes=false",
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 "--manage-nodes-with-label-selector=",
-                "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
-                "--disregard-status-with-label-selector=",
                 f"--server-address=127.0.0.1:{kwok_port}",
                 "--node-lease-duration-seconds=40",
                 "--cidr=10.244.0.0/16",

@@ -26,6 +26,7 @@ SPOT = "spot"
 ON_DEMAND = "on-demand"
 TAINT_SPOT = "ebbflow.dev/spot"
 TAINT_SPOT_TERMINATION = "ebbflow.dev/spot-termination"
+CONDITION_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # Test-only: KWOK's pod-exit stage terminates a running pod with this exit code (devcluster/stages).
 FAKE_EXIT_CODE_ANNOTATION = "ebbflow.dev/fake-exit-code"
@@ -103,13 +104,17 @@ def create_gpu_nodes(
 
 
 def node_is_ready(core: client.CoreV1Api, name: str) -> bool:
+    """Ready and free of the condition taints, so the scheduler will place pods on it."""
     try:
         node = core.read_node(name)
     except ApiException as error:
         if error.status == 404:
             return False
         raise
-    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+    ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+    # New nodes carry the not-ready taint until the node lifecycle controller sees them Ready.
+    tainted = any(t.key in CONDITION_TAINTS for t in node.spec.taints or [])
+    return ready and not tainted
 
 
 def preempt_node(core: client.CoreV1Api, name: str, timeout: float = 30.0) -> None:
