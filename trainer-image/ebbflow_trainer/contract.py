@@ -50,6 +50,16 @@ ENV_METRICS_PORT: Final = "EBBFLOW_METRICS_PORT"
 # state over within it. The operator sets the pod's terminationGracePeriodSeconds to the same value.
 ENV_LEAVE_GRACE_SECONDS: Final = "EBBFLOW_LEAVE_GRACE_SECONDS"
 
+# spec.rendezvous.joinTimeoutSeconds: how long a worker waits for a rendezvous round.
+ENV_RDZV_JOIN_TIMEOUT_SECONDS: Final = "EBBFLOW_RDZV_JOIN_TIMEOUT_SECONDS"
+
+# --- The rendezvous pod ----------------------------------------------------------------------------
+# Default command of the rendezvous pod (it hosts the c10d TCPStore), followed by
+# RENDEZVOUS_PORT_FLAG <port>; it runs the worker template's first image unless spec.rendezvous
+# overrides image or command.
+RENDEZVOUS_COMMAND: Final = ("ebbflow-train", "rendezvous")
+RENDEZVOUS_PORT_FLAG: Final = "--port"
+
 # --- Ports ---------------------------------------------------------------------------------------
 RENDEZVOUS_PORT: Final = 29400
 METRICS_PORT: Final = 9400

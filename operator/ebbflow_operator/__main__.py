@@ -1,0 +1,131 @@
+"""`ebbflow-operator` / `python -m ebbflow_operator`: the operator process.
+
+Every option also reads an EBBFLOW_OPERATOR_* environment variable (the Helm chart sets those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+from collections.abc import Sequence
+
+import kopf
+from kubernetes import client, config
+
+from . import handlers  # noqa: F401  (registers the kopf handlers)
+from .kube import KubeIO
+from .metrics import Metrics
+from .planner import PlannerConfig
+from .reconciler import OperatorConfig, Reconciler
+
+ENV_PREFIX = "EBBFLOW_OPERATOR_"
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(ENV_PREFIX + name, default)
+
+
+def _selector(text: str) -> dict[str, str]:
+    """`key=value[,key=value]` -> dict."""
+    selector = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"expected key=value, got {part!r}")
+        selector[key] = value
+    return selector
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="ebbflow-operator", description="Resizes ElasticTrainingJob workers as GPU capacity changes."
+    )
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[n for n in _env("NAMESPACES", "").split(",") if n],
+        help="watch only this namespace (repeatable; env EBBFLOW_OPERATOR_NAMESPACES=a,b); default: all",
+    )
+    parser.add_argument(
+        "--node-selector",
+        type=_selector,
+        default=_selector(_env("NODE_SELECTOR", "")),
+        help="allocate only nodes with these labels, key=value[,key=value] (env ..._NODE_SELECTOR)",
+    )
+    parser.add_argument(
+        "--pending-timeout",
+        type=float,
+        default=float(_env("PENDING_TIMEOUT", "120")),
+        help="seconds a worker may stay unscheduled before it is withdrawn (default 120)",
+    )
+    parser.add_argument(
+        "--pending-hold",
+        type=float,
+        default=float(_env("PENDING_HOLD", "300")),
+        help="after a withdrawal the job does not grow for this many seconds (default 300)",
+    )
+    parser.add_argument(
+        "--resync-interval",
+        type=float,
+        default=float(_env("RESYNC_INTERVAL", "30")),
+        help="seconds between passes when no watch event arrives (default 30)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("METRICS_PORT", "8080")),
+        help="port of /metrics; 0 turns it off (default 8080)",
+    )
+    parser.add_argument("--metrics-address", default=_env("METRICS_ADDRESS", "0.0.0.0"))
+    parser.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("kopf").setLevel(logging.WARNING)  # one line per watch event otherwise
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+    else:
+        config.load_kube_config()
+    configuration = client.Configuration.get_default_copy()
+    configuration.connection_pool_maxsize = 16
+    operator_config = OperatorConfig(
+        namespaces=tuple(args.namespace),
+        node_selector=args.node_selector,
+        planner=PlannerConfig(pending_timeout=args.pending_timeout, hold_seconds=args.pending_hold),
+        resync_interval=args.resync_interval,
+    )
+    metrics = Metrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port, args.metrics_address)
+    io = KubeIO(client.ApiClient(configuration), operator_config.namespaces)
+    reconciler = Reconciler(io, operator_config, metrics)
+    stop = threading.Event()
+    loop = threading.Thread(
+        target=reconciler.run_forever, args=(stop,), name="ebbflow-reconcile", daemon=True
+    )
+    loop.start()
+    reconciler.trigger()
+    try:
+        kopf.run(
+            standalone=True,
+            clusterwide=not operator_config.namespaces,
+            namespaces=operator_config.namespaces,
+            memo=kopf.Memo(reconciler=reconciler),
+        )
+    finally:
+        stop.set()
+        reconciler.trigger()
+        loop.join(timeout=10)
+
+
+if __name__ == "__main__":
+    main()

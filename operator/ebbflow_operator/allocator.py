@@ -1,0 +1,114 @@
+"""Cluster-wide allocation: how many workers each job gets. Pure: demands and free GPUs in, counts out.
+
+A policy decides the order in which jobs receive workers; `Packing` checks that every granted
+worker fits on a node the job may use (whole pods, `gpus_per_worker` GPUs on one node), keeping
+workers on the nodes they already run on so an allocation does not shuffle running pods. A job
+whose minimum does not fit gets 0 and waits.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import groupby
+from typing import Protocol
+
+from .model import JobKey
+
+
+@dataclass(frozen=True)
+class Demand:
+    """One job's request to the allocator."""
+
+    key: JobKey
+    min: int
+    max: int  # already capped by a pending-timeout hold
+    gpus_per_worker: int
+    eligible: frozenset[str]  # nodes the job may use
+    priority: int = 0
+    created: float = 0.0
+    current_nodes: tuple[str, ...] = ()  # nodes of the job's running workers, one entry per worker
+
+
+class Packing:
+    """Simulated placement of workers on nodes; policies grow jobs one worker at a time through it."""
+
+    def __init__(self, free: Mapping[str, int]) -> None:
+        self.free = dict(free)
+        self._sticky: dict[JobKey, list[str]] = {}
+        self._placed: dict[JobKey, list[str]] = {}
+
+    def count(self, key: JobKey) -> int:
+        return len(self._placed.get(key, ()))
+
+    def place(self, demand: Demand) -> bool:
+        """Places one more worker of `demand`: on a node it already runs on, else best fit."""
+        need = demand.gpus_per_worker
+        placed = self._placed.setdefault(demand.key, [])
+        if need <= 0:
+            placed.append("")
+            return True
+        sticky = self._sticky.setdefault(demand.key, list(demand.current_nodes))
+        while sticky:
+            node = sticky.pop(0)
+            if node in demand.eligible and self.free.get(node, 0) >= need:
+                self.free[node] -= need
+                placed.append(node)
+                return True
+        fits = [name for name in demand.eligible if self.free.get(name, 0) >= need]
+        if not fits:
+            return False
+        node = min(fits, key=lambda name: (self.free[name], name))  # best fit keeps big holes whole
+        self.free[node] -= need
+        placed.append(node)
+        return True
+
+    def withdraw(self, demand: Demand) -> None:
+        """Takes back every worker placed for `demand` (its minimum did not fit)."""
+        for node in self._placed.pop(demand.key, []):
+            if node:
+                self.free[node] += demand.gpus_per_worker
+        self._sticky.pop(demand.key, None)
+
+    def place_min(self, demand: Demand) -> bool:
+        """All of the job's minimum, or nothing."""
+        for _ in range(demand.min):
+            if not self.place(demand):
+                self.withdraw(demand)
+                return False
+        return True
+
+
+class Policy(Protocol):
+    """Decides every job's worker count from the demands and the free GPUs per node."""
+
+    def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]: ...
+
+
+@dataclass(frozen=True)
+class PriorityFairShare:
+    """Priority first (a higher level is served up to its max first), then max-min fair share.
+
+    Within one priority level every job first gets its minimum (oldest first; a job whose minimum
+    does not fit gets 0), then workers go one at a time to the job with the fewest, so the
+    smallest allocation is as large as possible; ties go to the older job.
+    """
+
+    name: str = field(default="priority-fair")
+
+    def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]:
+        packing = Packing(free)
+        ordered = sorted(demands, key=lambda d: (-d.priority, d.created, d.key))
+        for _, level in groupby(ordered, key=lambda d: d.priority):
+            jobs = [d for d in level if d.max >= d.min]
+            growing = [d for d in jobs if packing.place_min(d)]
+            heap = [
+                (packing.count(d.key), d.created, d.key, d) for d in growing if packing.count(d.key) < d.max
+            ]
+            heapq.heapify(heap)
+            while heap:
+                count, created, key, demand = heapq.heappop(heap)
+                if packing.place(demand) and count + 1 < demand.max:
+                    heapq.heappush(heap, (count + 1, created, key, demand))
+        return {d.key: packing.count(d.key) for d in demands}

@@ -1,0 +1,34 @@
+"""kopf handlers: watch events only wake the reconcile loop. Thin on purpose: no decisions here.
+
+The Reconciler is handed over in kopf's `memo` (see __main__.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+from ebbflow_trainer import contract
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # Event handlers keep no state on the objects; kopf's own Kubernetes events are noise here.
+    settings.posting.enabled = False
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+
+
+@kopf.on.event(contract.API_GROUP, contract.API_VERSION, contract.PLURAL)
+def job_changed(memo: kopf.Memo, **_: Any) -> None:
+    memo.reconciler.trigger()
+
+
+@kopf.on.event("", "v1", "pods", labels={contract.LABEL_JOB_NAME: kopf.PRESENT})
+def pod_changed(memo: kopf.Memo, **_: Any) -> None:
+    memo.reconciler.trigger()
+
+
+@kopf.on.event("", "v1", "nodes")
+def node_changed(memo: kopf.Memo, **_: Any) -> None:
+    memo.reconciler.trigger()

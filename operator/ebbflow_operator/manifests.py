@@ -1,0 +1,209 @@
+"""Deterministic names and the bodies of the objects the operator creates for a job (plain dicts).
+
+Every child is owned by its job (controller owner reference), so deleting the job garbage-collects
+it, and carries the contract's labels so the operator finds it again after a restart.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from ebbflow_trainer import contract
+
+from .model import Job, Json
+
+WORKER_NAME = re.compile(r"^(?P<job>.+)-worker-(?P<index>\d+)$")
+
+
+def worker_name(job: str, index: int) -> str:
+    return f"{job}-worker-{index}"
+
+
+def worker_index(name: str) -> int | None:
+    match = WORKER_NAME.match(name)
+    return int(match["index"]) if match else None
+
+
+def rendezvous_name(job: str) -> str:
+    """The rendezvous pod and its Service share this name."""
+    return f"{job}-rdzv"
+
+
+def headless_service_name(job: str) -> str:
+    return f"{job}-workers"
+
+
+def rendezvous_endpoint(job: Job) -> str:
+    return f"{rendezvous_name(job.name)}.{job.namespace}.svc:{job.spec.rendezvous.port}"
+
+
+def worker_selector(job: str) -> str:
+    """Label selector of a job's workers (status.selector, used by `kubectl scale`)."""
+    return f"{contract.LABEL_JOB_NAME}={job},{contract.LABEL_ROLE}={contract.ROLE_WORKER}"
+
+
+def owner_reference(job: Job) -> Json:
+    return {
+        "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
+        "kind": contract.KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _labels(job: Job, role: str) -> dict[str, str]:
+    return {contract.LABEL_JOB_NAME: job.name, contract.LABEL_ROLE: role}
+
+
+def _env(job: Job, world_generation: int) -> list[Json]:
+    spec = job.spec
+    values = {
+        contract.ENV_JOB_NAME: job.name,
+        contract.ENV_NAMESPACE: job.namespace,
+        contract.ENV_RDZV_ENDPOINT: rendezvous_endpoint(job),
+        contract.ENV_RDZV_ID: job.uid,
+        contract.ENV_RDZV_JOIN_TIMEOUT_SECONDS: spec.rendezvous.join_timeout_seconds,
+        contract.ENV_MIN_REPLICAS: spec.min_replicas,
+        contract.ENV_MAX_REPLICAS: spec.max_replicas,
+        contract.ENV_VIRTUAL_NODES: spec.virtual_nodes,
+        contract.ENV_GLOBAL_BATCH_SIZE: spec.global_batch_size,
+        contract.ENV_BATCHING: spec.batching,
+        contract.ENV_LR_SCALING: spec.lr_scaling,
+        contract.ENV_WORLD_GENERATION: world_generation,
+        contract.ENV_CHECKPOINT_PATH: spec.checkpoint_path,
+        contract.ENV_CHECKPOINT_INTERVAL_STEPS: spec.checkpoint_interval_steps,
+        contract.ENV_METRICS_PORT: contract.METRICS_PORT,
+        contract.ENV_LEAVE_GRACE_SECONDS: spec.leave_grace_seconds,
+    }
+    env: list[Json] = [{"name": name, "value": str(value)} for name, value in values.items()]
+    env.append({"name": contract.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    return env
+
+
+def worker_pod(job: Job, index: int, world_generation: int) -> Json:
+    """A worker: the job's template plus the contract's labels, annotations and environment."""
+    template = copy.deepcopy(dict(job.spec.template))
+    metadata: Json = template.get("metadata") or {}
+    spec: Json = template["spec"]
+    contract_names = {e["name"] for e in _env(job, world_generation)}
+    for container in spec["containers"]:
+        _quantities_as_strings(container)
+        kept = [e for e in container.get("env") or [] if e.get("name") not in contract_names]
+        container["env"] = kept + _env(job, world_generation)
+    spec["restartPolicy"] = "Never"
+    spec["terminationGracePeriodSeconds"] = job.spec.leave_grace_seconds
+    spec["hostname"] = worker_name(job.name, index)
+    spec["subdomain"] = headless_service_name(job.name)
+    labels = dict(metadata.get("labels") or {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": worker_name(job.name, index),
+            "namespace": job.namespace,
+            "labels": {
+                **labels,
+                **_labels(job, contract.ROLE_WORKER),
+                contract.LABEL_WORKER_INDEX: str(index),
+            },
+            "annotations": {
+                **(metadata.get("annotations") or {}),
+                contract.ANNOTATION_WORLD_GENERATION: str(world_generation),
+            },
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": spec,
+    }
+
+
+def _quantities_as_strings(container: Json) -> None:
+    """The API accepts `nvidia.com/gpu: 1`; the typed client wants quantities as strings."""
+    resources = container.get("resources") or {}
+    for kind in ("limits", "requests"):
+        if kind in resources:
+            resources[kind] = {name: str(value) for name, value in resources[kind].items()}
+
+
+def rendezvous_pod(job: Job) -> Json:
+    """The CPU-only pod that hosts the c10d store; it stays while workers come and go."""
+    rendezvous = job.spec.rendezvous
+    pod_spec = job.spec.template.get("spec") or {}
+    image = rendezvous.image or pod_spec["containers"][0]["image"]
+    default = [*contract.RENDEZVOUS_COMMAND, contract.RENDEZVOUS_PORT_FLAG, str(rendezvous.port)]
+    command = list(rendezvous.command) if rendezvous.command else default
+    spec: Json = {
+        "restartPolicy": "Always",
+        "containers": [
+            {
+                "name": "rendezvous",
+                "image": image,
+                "command": command,
+                "env": [
+                    {"name": contract.ENV_JOB_NAME, "value": job.name},
+                    {"name": contract.ENV_NAMESPACE, "value": job.namespace},
+                    {"name": contract.ENV_RDZV_ID, "value": job.uid},
+                ],
+                "ports": [{"name": "c10d", "containerPort": rendezvous.port}],
+                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+            }
+        ],
+    }
+    for key in ("imagePullSecrets", "serviceAccountName", "priorityClassName"):
+        if key in pod_spec:
+            spec[key] = pod_spec[key]
+    # Spot-aware placement: the rendezvous pod tolerates what workers tolerate but is not a GPU pod.
+    if "tolerations" in pod_spec:
+        spec["tolerations"] = pod_spec["tolerations"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": rendezvous_name(job.name),
+            "namespace": job.namespace,
+            "labels": _labels(job, contract.ROLE_RENDEZVOUS),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": spec,
+    }
+
+
+def rendezvous_service(job: Job) -> Json:
+    port = job.spec.rendezvous.port
+    return _service(
+        job,
+        rendezvous_name(job.name),
+        contract.ROLE_RENDEZVOUS,
+        {"ports": [{"name": "c10d", "port": port, "targetPort": port}]},
+    )
+
+
+def headless_service(job: Job) -> Json:
+    """Stable DNS names for workers (`<pod>.<job>-workers`); not-ready pods are listed too."""
+    return _service(
+        job,
+        headless_service_name(job.name),
+        contract.ROLE_WORKER,
+        {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "metrics", "port": contract.METRICS_PORT}],
+        },
+    )
+
+
+def _service(job: Job, name: str, role: str, spec: dict[str, Any]) -> Json:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": job.namespace,
+            "labels": _labels(job, role),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {"selector": _labels(job, role), **spec},
+    }

@@ -1,0 +1,60 @@
+"""Prometheus metrics on /metrics (prometheus-client, its own registry so tests can start several)."""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from .crd import PHASES
+from .model import JobKey
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.jobs = Gauge("ebbflow_jobs", "ElasticTrainingJobs by phase.", ["phase"], registry=r)
+        self.desired = Gauge(
+            "ebbflow_job_desired_workers",
+            "Workers the allocator gives a job.",
+            ["namespace", "job"],
+            registry=r,
+        )
+        self.current = Gauge(
+            "ebbflow_job_current_workers",
+            "Worker pods a job has (not leaving).",
+            ["namespace", "job"],
+            registry=r,
+        )
+        self.rescales = Counter("ebbflow_rescales", "Job size changes by reason.", ["reason"], registry=r)
+        self.preemptions = Counter("ebbflow_preemptions", "Workers lost to preemption.", registry=r)
+        self.decision_latency = Histogram(
+            "ebbflow_decision_latency_seconds",
+            "From the first change noticed to the resulting writes applied.",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=r,
+        )
+        self.reconcile_errors = Counter("ebbflow_reconcile_errors", "Failed passes or writes.", registry=r)
+        self.gpus = Gauge("ebbflow_cluster_gpus", "GPUs on usable selected nodes.", ["state"], registry=r)
+        self._jobs_seen: set[JobKey] = set()
+
+    def serve(self, port: int, address: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=address, registry=self.registry)
+
+    def record_jobs(self, jobs: Iterable[tuple[JobKey, str, int, int]]) -> None:
+        """Per-pass gauges: (job, phase, desired, current); series of vanished jobs are removed."""
+        phases: Tally[str] = Tally()
+        seen: set[JobKey] = set()
+        for key, phase, desired, current in jobs:
+            phases[phase] += 1
+            seen.add(key)
+            self.desired.labels(*key).set(desired)
+            self.current.labels(*key).set(current)
+        for phase in PHASES:
+            self.jobs.labels(phase).set(phases[phase])
+        for key in self._jobs_seen - seen:
+            self.desired.remove(*key)
+            self.current.remove(*key)
+        self._jobs_seen = seen

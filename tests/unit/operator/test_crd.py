@@ -1,0 +1,33 @@
+"""The committed CRD is exactly what the generator produces, and it wires the contract's names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ebbflow_operator import crd
+from ebbflow_trainer import contract
+
+CRD_FILE = Path(__file__).resolve().parents[3] / "crds" / "ebbflow.dev_elastictrainingjobs.yaml"
+
+
+def test_committed_crd_matches_the_generator() -> None:
+    assert CRD_FILE.read_text() == crd.render(), (
+        "crds/ is stale: run `python -m ebbflow_operator.crd > crds/ebbflow.dev_elastictrainingjobs.yaml`"
+    )
+
+
+def test_names_and_subresources_come_from_the_contract() -> None:
+    manifest = crd.crd_manifest()
+    spec = manifest["spec"]
+    assert manifest["metadata"]["name"] == f"{contract.PLURAL}.{contract.API_GROUP}"
+    assert spec["names"]["kind"] == contract.KIND
+    assert spec["names"]["shortNames"] == [contract.SHORT_NAME]
+    [version] = spec["versions"]
+    assert version["name"] == contract.API_VERSION
+    assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas.max"
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Min", "Max", "Desired", "Ready", "Phase", "Age"]
+    properties = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert properties["batching"]["enum"] == list(contract.BATCHING_POLICIES)
+    assert properties["lrScaling"]["enum"] == list(contract.LR_SCALING_POLICIES)
+    assert properties["rendezvous"]["properties"]["port"]["default"] == contract.RENDEZVOUS_PORT

@@ -1,0 +1,246 @@
+"""Per-job planner: (observed pods and nodes, job and its recorded status, allocator size, now) -> plan."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from ebbflow_operator.model import Job, JobSpec, JobStatus, Node, Pod, parse_job_status
+from ebbflow_operator.planner import Observed, Plan, PlannerConfig, plan_job
+from ebbflow_trainer import contract
+
+NOW = 1_000_000.0
+CONFIG = PlannerConfig(pending_timeout=60, hold_seconds=300)
+NODES = {
+    "od-0": Node("od-0", 4, labels={"karpenter.sh/capacity-type": "on-demand"}),
+    "od-1": Node("od-1", 4, labels={"karpenter.sh/capacity-type": "on-demand"}),
+    "spot-0": Node("spot-0", 4, labels={"karpenter.sh/capacity-type": "spot"}),
+}
+SERVICES = frozenset({"j-rdzv", "j-workers"})
+
+
+def job(lo: int = 2, hi: int = 4, status: JobStatus | None = None, **spec: object) -> Job:
+    job_spec = JobSpec(
+        min_replicas=lo,
+        max_replicas=hi,
+        global_batch_size=64,
+        virtual_nodes=hi,
+        template={"spec": {"containers": [{"name": "t", "image": "img"}]}},
+        leave_grace_seconds=30,
+        **spec,  # type: ignore[arg-type]
+    )
+    return Job("ns", "j", "uid-j", 1, NOW - 3600, job_spec, status or JobStatus())
+
+
+def worker(
+    index: int, node: str | None = "od-0", phase: str = "Running", age: float = 100, **kw: object
+) -> Pod:
+    fields: dict[str, object] = {
+        "name": f"j-worker-{index}",
+        "namespace": "ns",
+        "uid": f"uid-{index}",
+        "job": "j",
+        "role": contract.ROLE_WORKER,
+        "owner_uid": "uid-j",
+        "node": node,
+        "phase": phase,
+        "gpus": 1,
+        "created": NOW - age,
+        "ready": phase == "Running" and node is not None,
+    }
+    fields.update(kw)
+    return Pod(**fields)  # type: ignore[arg-type]
+
+
+RDZV = Pod("j-rdzv", "ns", "uid-r", "j", contract.ROLE_RENDEZVOUS, "uid-j", "od-0", "Running", ready=True)
+
+
+def running_status(pods: list[Pod], desired: int, **extra: object) -> JobStatus:
+    """The status a previous pass wrote for these pods."""
+    raw = {
+        "phase": "Running",
+        "desiredReplicas": desired,
+        "worldGeneration": 1,
+        "observedGeneration": 1,
+        "workerNodes": {p.name: p.node for p in pods if p.node},
+        **extra,
+    }
+    return parse_job_status(raw)
+
+
+def plan(j: Job, pods: list[Pod], desired: int, nodes: dict[str, Node] = NODES) -> Plan:
+    return plan_job(j, Observed([*pods, RDZV], SERVICES, nodes, desired, free_gpus=3), NOW, CONFIG)
+
+
+def test_new_job_gets_rendezvous_services_and_workers() -> None:
+    result = plan_job(job(), Observed([], frozenset(), NODES, 3, 12), NOW, CONFIG)
+    assert result.create_rendezvous_pod
+    assert set(result.create_services) == {"j-rdzv", "j-workers"}
+    assert result.create_workers == ((0, 1), (1, 1), (2, 1))
+    assert result.status["phase"] == "Pending"
+    assert result.status["desiredReplicas"] == 3
+    assert result.status["lastRescale"]["reason"] == "SpecChanged"
+
+
+def test_steady_state_plans_nothing() -> None:
+    pods = [worker(i, node) for i, node in enumerate(["od-0", "od-1", "spot-0"])]
+    first = plan(job(status=running_status(pods, 3)), pods, 3)
+    again = plan(job(status=parse_job_status(first.status)), pods, 3)
+    assert not again.create_workers and not again.delete and not again.events
+    assert again.status_patch == {}
+    assert again.status["phase"] == "Running"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "reason"),
+    [
+        ({k: v for k, v in NODES.items() if k != "spot-0"}, "NodeLost"),
+        ({**NODES, "spot-0": replace(NODES["spot-0"], taints=())}, "Evicted"),
+    ],
+)
+def test_vanished_worker_is_a_preemption(nodes: dict[str, Node], reason: str) -> None:
+    pods = [worker(0, "od-0"), worker(1, "od-1"), worker(2, "spot-0")]
+    j = job(status=running_status(pods, 3))
+    result = plan(j, pods[:2], 2, nodes)
+    assert result.preemptions == 1
+    assert result.status["preemptions"] == 1
+    assert result.status["lastRescale"] == {
+        "time": result.status["lastRescale"]["time"],
+        "from": 3,
+        "to": 2,
+        "reason": "Preemption",
+    }
+    [condition] = [c for c in result.status["conditions"] if c["type"] == "Preempted"]
+    assert condition["status"] == "True" and condition["reason"] == reason
+    assert any(e.reason == "Preempted" and "j-worker-2" in e.message for e in result.events)
+    assert not result.delete and not result.create_workers
+    assert result.status["phase"] == "Running"
+
+
+def test_lost_worker_is_replaced_when_capacity_allows() -> None:
+    pods = [worker(0, "od-0"), worker(1, "od-1")]
+    result = plan(job(status=running_status(pods, 2)), pods[:1], 2)
+    assert result.preemptions == 1
+    assert result.create_workers == ((1, 2),)
+
+
+@pytest.mark.parametrize(
+    ("pod", "lost"),
+    [
+        (worker(1, phase="Failed", exit_code=137), True),
+        (worker(1, phase="Failed", exit_code=143), True),
+        (worker(1, phase="Failed", exit_code=1, disruption="DeletionByTaintManager"), True),
+        (worker(1, phase="Failed", exit_code=1), False),
+        (worker(1, node="gone-node"), True),
+    ],
+)
+def test_preemption_is_not_failure(pod: Pod, lost: bool) -> None:
+    pods = [worker(0), pod]
+    result = plan(job(lo=1, status=running_status(pods, 2)), pods, 2)
+    assert result.preemptions == int(lost)
+    assert result.status["restarts"] == int(not lost)
+    assert [d.name for d in result.delete] == ["j-worker-1"]
+    assert result.create_workers == ((2, 2),), "a replacement under a new name"
+
+
+def test_scale_down_takes_spot_then_newest_and_gives_grace() -> None:
+    pods = [
+        worker(0, "od-0", age=500),
+        worker(1, "spot-0", age=400),
+        worker(2, "od-1", age=10),
+        worker(3, "od-1", age=300),
+    ]
+    result = plan(job(lo=1, status=running_status(pods, 4)), pods, 2)
+    assert [(d.name, d.grace_seconds) for d in result.delete] == [("j-worker-1", 30), ("j-worker-2", 30)]
+    assert result.status["workerNodes"] == {"j-worker-0": "od-0", "j-worker-3": "od-1"}
+    assert result.status["lastRescale"]["reason"] == "CapacityReclaimed"
+    assert result.status["phase"] == "Scaling"
+
+
+def test_unscheduled_workers_go_first() -> None:
+    pods = [worker(0, "spot-0"), worker(1, "od-0"), worker(2, None, phase="Pending", age=5)]
+    result = plan(job(lo=1, status=running_status(pods, 3)), pods, 2)
+    assert [(d.name, d.grace_seconds) for d in result.delete] == [("j-worker-2", 0)]
+
+
+def test_below_min_the_job_waits_with_a_reason() -> None:
+    pods = [worker(0), worker(1)]
+    result = plan(job(lo=3, hi=4, status=running_status(pods, 2)), pods, 2)
+    assert result.status["desiredReplicas"] == 0
+    assert {d.name for d in result.delete} == {"j-worker-0", "j-worker-1"}
+    assert result.status["phase"] == "Pending"
+    [schedulable] = [c for c in result.status["conditions"] if c["type"] == "Schedulable"]
+    assert schedulable["status"] == "False" and schedulable["reason"] == "InsufficientGPUs"
+    assert "min 3" in schedulable["message"]
+
+
+def test_pending_timeout_withdraws_and_holds_the_size() -> None:
+    pods = [worker(0), worker(1, None, phase="Pending", age=61), worker(2, None, phase="Pending", age=5)]
+    result = plan(job(lo=1, status=running_status(pods, 3)), pods, 3)
+    assert [d.name for d in result.delete][:1] == ["j-worker-1"]
+    assert result.status["holdReplicas"] == 1
+    assert result.status["desiredReplicas"] == 1
+    assert result.status["lastRescale"]["reason"] == "PendingTimeout"
+    assert any(e.reason == "WorkersWithdrawn" for e in result.events)
+    held = plan(job(lo=1, status=parse_job_status(result.status)), [worker(0)], 3)
+    assert held.status["desiredReplicas"] == 1 and not held.create_workers
+
+
+def test_too_many_failures_fail_the_job_and_clean_up() -> None:
+    pods = [worker(0), worker(1, phase="Failed", exit_code=2)]
+    result = plan(job(lo=1, max_restarts=1, status=running_status(pods, 2, restarts=1)), pods, 2)
+    assert result.status["phase"] == "Failed"
+    [failed] = [c for c in result.status["conditions"] if c["type"] == "Failed"]
+    assert failed["reason"] == "TooManyFailures" and "maxRestarts=1" in failed["message"]
+    assert {d.name for d in result.delete} == {"j-worker-0", "j-rdzv"}, "failed pod kept for its logs"
+    assert not result.create_workers
+
+
+def test_invalid_config_fails_at_once() -> None:
+    pods = [worker(0, phase="Failed", exit_code=contract.EXIT_INVALID_CONFIG)]
+    result = plan(job(lo=1, status=running_status(pods, 1)), pods, 1)
+    assert result.status["phase"] == "Failed"
+    assert any(c["reason"] == "InvalidConfig" for c in result.status["conditions"])
+
+
+@pytest.mark.parametrize(
+    ("policy", "deleted"),
+    [("Running", {"j-rdzv"}), ("All", {"j-rdzv", "j-worker-0", "j-worker-1"}), ("None", set())],
+)
+def test_success_and_clean_pod_policy(policy: str, deleted: set[str]) -> None:
+    pods = [worker(0, phase="Succeeded", exit_code=0), worker(1, phase="Succeeded", exit_code=0)]
+    result = plan(job(lo=1, clean_pod_policy=policy, status=running_status(pods, 2)), pods, 2)
+    assert result.status["phase"] == "Succeeded"
+    assert {d.name for d in result.delete} == deleted
+    assert not result.create_workers
+
+
+def test_finishing_job_does_not_grow_or_replace() -> None:
+    pods = [worker(0, phase="Succeeded", exit_code=0), worker(1)]
+    result = plan(job(lo=1, status=running_status(pods, 2)), pods, 4)
+    assert result.status["phase"] == "Running"
+    assert not result.create_workers and not result.delete
+
+
+def test_progress_is_copied_from_the_newest_report() -> None:
+    old = json.dumps({"step": 1, "samples": 64, "loss": 2.5, "time": "2026-01-01T00:00:00Z"})
+    new = json.dumps({"step": 9, "samples": 576, "loss": 1.5, "time": "2026-01-01T00:01:00Z", "x": 1})
+    pods = [worker(0, progress=old), worker(1, progress=new)]
+    result = plan(job(lo=1, status=running_status(pods, 2)), pods, 2)
+    assert result.status["progress"]["step"] == 9 and "x" not in result.status["progress"]
+
+
+def test_worker_env_and_names_follow_the_contract() -> None:
+    from ebbflow_operator.manifests import worker_pod
+
+    body = worker_pod(job(), 3, 7)
+    assert body["metadata"]["name"] == "j-worker-3"
+    assert body["metadata"]["labels"][contract.LABEL_WORKER_INDEX] == "3"
+    assert body["metadata"]["ownerReferences"][0]["uid"] == "uid-j"
+    env = {e["name"]: e.get("value") for e in body["spec"]["containers"][0]["env"]}
+    assert env[contract.ENV_RDZV_ENDPOINT] == f"j-rdzv.ns.svc:{contract.RENDEZVOUS_PORT}"
+    assert env[contract.ENV_WORLD_GENERATION] == "7"
+    assert env[contract.ENV_VIRTUAL_NODES] == "4"
+    assert body["spec"]["terminationGracePeriodSeconds"] == 30
+    assert body["spec"]["restartPolicy"] == "Never"
