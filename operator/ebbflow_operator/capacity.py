@@ -36,6 +36,14 @@ def job_may_use(node: Node, spec: JobSpec) -> bool:
     )
 
 
+def evicts(node: Node, spec: JobSpec) -> bool:
+    """A NoExecute taint the job does not tolerate: its pods there are being evicted (spot termination)."""
+    return any(
+        taint.effect == "NoExecute" and not any(t.tolerates(taint) for t in spec.tolerations)
+        for taint in node.taints
+    )
+
+
 def matches_selector(node: Node, selector: Mapping[str, str]) -> bool:
     return all(node.labels.get(key) == value for key, value in selector.items())
 

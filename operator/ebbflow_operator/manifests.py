@@ -155,9 +155,10 @@ def rendezvous_pod(job: Job) -> Json:
     for key in ("imagePullSecrets", "serviceAccountName", "priorityClassName"):
         if key in pod_spec:
             spec[key] = pod_spec[key]
-    # Spot-aware placement: the rendezvous pod tolerates what workers tolerate but is not a GPU pod.
-    if "tolerations" in pod_spec:
-        spec["tolerations"] = pod_spec["tolerations"]
+    # It may run where the workers may (same nodeSelector, affinity, tolerations) but needs no GPU.
+    for key in ("nodeSelector", "affinity", "tolerations"):
+        if key in pod_spec:
+            spec[key] = pod_spec[key]
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ebbflow_trainer import contract
 
 from . import manifests
+from .capacity import evicts
 from .model import Condition, Job, Json, Node, Pod, format_time, parse_progress
 from .status import FAILED, PREEMPTED, READY, SCHEDULABLE, SUCCEEDED, merge_patch, set_condition
 
@@ -112,6 +113,9 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
     succeeded: list[Pod] = []
     for pod in workers:
         if pod.deleting:
+            # The operator deletes only pods it no longer records, so a recorded one is being taken.
+            if pod.name in status.worker_nodes:
+                lost[pod.name] = pod.disruption or _lost_reason(pod.node or "", observed.nodes)
             continue
         if pod.phase == "Succeeded":
             succeeded.append(pod)
@@ -124,6 +128,9 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         elif pod.node is not None and pod.node not in observed.nodes:
             lost[pod.name] = "NodeLost"
             deletions.append(Deletion(pod.name, pod.uid, 0, "node gone"))
+        elif pod.node is not None and evicts(observed.nodes[pod.node], spec):
+            lost[pod.name] = "TaintEviction"
+            deletions.append(Deletion(pod.name, pod.uid, spec.leave_grace_seconds, "being evicted"))
         else:
             active.append(pod)
 

@@ -6,7 +6,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from ebbflow_operator.model import Job, JobSpec, JobStatus, Node, Pod, parse_job_status
+from ebbflow_operator.model import Job, JobSpec, JobStatus, Node, Pod, Taint, parse_job_status
 from ebbflow_operator.planner import Observed, Plan, PlannerConfig, plan_job
 from ebbflow_trainer import contract
 
@@ -118,6 +118,15 @@ def test_vanished_worker_is_a_preemption(nodes: dict[str, Node], reason: str) ->
     assert result.status["phase"] == "Running"
 
 
+def test_worker_deleted_by_someone_else_is_a_preemption() -> None:
+    pods = [worker(0), worker(1)]
+    evicting = replace(pods[1], deleting=True, disruption="EvictionByEvictionAPI")
+    result = plan(job(lo=1, status=running_status(pods, 2)), [pods[0], evicting], 2)
+    assert result.preemptions == 1 and not result.delete
+    again = plan(job(lo=1, status=parse_job_status(result.status)), [pods[0], evicting], 2)
+    assert again.preemptions == 0, "counted once"
+
+
 def test_lost_worker_is_replaced_when_capacity_allows() -> None:
     pods = [worker(0, "od-0"), worker(1, "od-1")]
     result = plan(job(status=running_status(pods, 2)), pods[:1], 2)
@@ -133,11 +142,15 @@ def test_lost_worker_is_replaced_when_capacity_allows() -> None:
         (worker(1, phase="Failed", exit_code=1, disruption="DeletionByTaintManager"), True),
         (worker(1, phase="Failed", exit_code=1), False),
         (worker(1, node="gone-node"), True),
+        (worker(1, node="terminating"), True),
     ],
+    ids=["sigkill", "sigterm", "disruption", "real-failure", "node-gone", "noexecute"],
 )
 def test_preemption_is_not_failure(pod: Pod, lost: bool) -> None:
     pods = [worker(0), pod]
-    result = plan(job(lo=1, status=running_status(pods, 2)), pods, 2)
+    termination = Taint("ebbflow.dev/spot-termination", "NoExecute", "true")
+    nodes = {**NODES, "terminating": Node("terminating", 4, taints=(termination,))}
+    result = plan(job(lo=1, status=running_status(pods, 2)), pods, 2, nodes)
     assert result.preemptions == int(lost)
     assert result.status["restarts"] == int(not lost)
     assert [d.name for d in result.delete] == ["j-worker-1"]

@@ -1,0 +1,200 @@
+"""Shared helpers for the operator's integration tests: the CRD, the operator as a subprocess, jobs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ebbflow_operator.devcluster.controlplane import ControlPlane
+from ebbflow_operator.devcluster.gpunodes import GPU_RESOURCE, wait_for
+from ebbflow_trainer import contract
+from kubernetes.client.exceptions import ApiException
+
+from .conftest import Kube
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "crds" / "ebbflow.dev_elastictrainingjobs.yaml"
+KUBECTL = REPO / ".tools" / "bin" / "kubectl"
+GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
+
+
+def install_crd(kube: Kube) -> None:
+    """Creates or updates the committed CRD and waits until the API serves it."""
+    manifest = yaml.safe_load(CRD_FILE.read_text())
+    name = manifest["metadata"]["name"]
+    try:
+        kube.apiextensions.create_custom_resource_definition(manifest)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        current = kube.apiextensions.read_custom_resource_definition(name)
+        manifest["metadata"]["resourceVersion"] = current.metadata.resource_version
+        kube.apiextensions.replace_custom_resource_definition(name, manifest)
+
+    def established() -> bool:
+        crd = kube.apiextensions.read_custom_resource_definition(name)
+        return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
+
+    wait_for(established, 30, "CRD established")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class OperatorProcess:
+    """`python -m ebbflow_operator` against the test control plane, scoped to one namespace and
+    one test's nodes, with short timers."""
+
+    def __init__(self, plane: ControlPlane, namespace: str, node_selector: dict[str, str], log: Path) -> None:
+        self.plane = plane
+        self.namespace = namespace
+        self.node_selector = node_selector
+        self.log_path = log
+        self.metrics_port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, *extra: str) -> None:
+        selector = ",".join(f"{k}={v}" for k, v in self.node_selector.items())
+        command = [
+            sys.executable,
+            "-m",
+            "ebbflow_operator",
+            "--namespace",
+            self.namespace,
+            "--node-selector",
+            selector,
+            "--metrics-port",
+            str(self.metrics_port),
+            "--metrics-address",
+            "127.0.0.1",
+            "--resync-interval",
+            "2",
+            *extra,
+        ]
+        env = {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig)}
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up of any kind, as when a node dies under the operator."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+
+@contextmanager
+def running_operator(
+    plane: ControlPlane, namespace: str, node_selector: dict[str, str], log: Path, *extra: str
+) -> Iterator[OperatorProcess]:
+    operator = OperatorProcess(plane, namespace, node_selector, log)
+    operator.start(*extra)
+    try:
+        yield operator
+    finally:
+        operator.stop()
+
+
+def job_manifest(
+    name: str,
+    lo: int,
+    hi: int,
+    node_selector: dict[str, str],
+    gpus: int = 1,
+    cpu: str | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    resources: dict[str, Any] = {"limits": {GPU_RESOURCE: gpus}}
+    if cpu:
+        resources["requests"] = {"cpu": cpu}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": contract.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": {"min": lo, "max": hi},
+            "globalBatchSize": 64 * hi,
+            "leaveGraceSeconds": 5,
+            "template": {
+                "spec": {
+                    "nodeSelector": node_selector,
+                    "containers": [
+                        {"name": "trainer", "image": "ebbflow/trainer:test", "resources": resources}
+                    ],
+                }
+            },
+            **spec,
+        },
+    }
+
+
+def create_job(kube: Kube, namespace: str, manifest: dict[str, Any]) -> None:
+    kube.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+
+
+def get_job(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    job: dict[str, Any] = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    return job
+
+
+def status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    return dict(get_job(kube, namespace, name).get("status") or {})
+
+
+def condition(kube: Kube, namespace: str, name: str, type_: str) -> dict[str, Any] | None:
+    return next((c for c in status(kube, namespace, name).get("conditions", []) if c["type"] == type_), None)
+
+
+def workers(kube: Kube, namespace: str, job: str, phase: str | None = "Running") -> list[Any]:
+    """The job's worker pods that are not being deleted (in `phase`, unless None)."""
+    selector = f"{contract.LABEL_JOB_NAME}={job},{contract.LABEL_ROLE}={contract.ROLE_WORKER}"
+    pods = kube.core.list_namespaced_pod(namespace, label_selector=selector).items
+    return [
+        p
+        for p in pods
+        if p.metadata.deletion_timestamp is None and (phase is None or p.status.phase == phase)
+    ]
+
+
+def settled(kube: Kube, namespace: str, name: str, count: int, phase: str = "Running") -> bool:
+    """The job reports `phase` with `count` ready workers and exactly that many worker pods run."""
+    current = status(kube, namespace, name)
+    return (
+        current.get("phase") == phase
+        and current.get("readyReplicas") == count
+        and current.get("desiredReplicas") == count
+        and len(workers(kube, namespace, name, None)) == count
+        and len(workers(kube, namespace, name)) == count
+    )
+
+
+def events(kube: Kube, namespace: str, name: str, reason: str) -> list[Any]:
+    found = kube.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+    return [e for e in found if e.reason == reason]

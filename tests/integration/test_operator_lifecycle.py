@@ -1,0 +1,272 @@
+"""The real operator (a subprocess) against the real control plane: size, preemption, growth,
+priority, pending timeout, the end of a job, garbage collection and metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ebbflow_operator.devcluster.controlplane import ControlPlane
+from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, fail_pod, preempt_node, wait_for
+from ebbflow_trainer import contract
+from kubernetes.client.exceptions import ApiException
+
+from .conftest import GpuNodes, Kube
+from .operator_helpers import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    OperatorProcess,
+    condition,
+    create_job,
+    events,
+    install_crd,
+    job_manifest,
+    running_operator,
+    settled,
+    status,
+    workers,
+)
+
+SETTLE = 60  # seconds; generous for a loaded 2-core machine
+
+
+@pytest.fixture(scope="module", autouse=True)
+def crd(kube: Kube) -> None:
+    install_crd(kube)
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane, namespace: str, gpu_nodes: GpuNodes, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    with running_operator(
+        control_plane,
+        namespace,
+        gpu_nodes.selector,
+        tmp_path / "operator.log",
+        "--pending-timeout",
+        "4",
+        "--pending-hold",
+        "120",
+    ) as process:
+        yield process
+        print(process.log())  # shown by pytest when the test failed
+
+
+def test_job_gets_rendezvous_services_and_workers_on_gpu_nodes(
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
+) -> None:
+    nodes = set(gpu_nodes.add(2))  # 2 x 4 time-sliced GPUs
+    create_job(kube, namespace, job_manifest("train", 2, 6, gpu_nodes.selector))
+    wait_for(lambda: settled(kube, namespace, "train", 6), SETTLE, "6 workers running")
+
+    pods = workers(kube, namespace, "train")
+    job_uid = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "train")[
+        "metadata"
+    ]["uid"]
+    assert {p.spec.node_name for p in pods} <= nodes
+    assert sorted(p.metadata.name for p in pods) == [f"train-worker-{i}" for i in range(6)]
+    for pod in pods:
+        [owner] = pod.metadata.owner_references
+        assert owner.uid == job_uid and owner.controller
+        env = {e.name: e.value for e in pod.spec.containers[0].env}
+        assert env[contract.ENV_RDZV_ENDPOINT] == f"train-rdzv.{namespace}.svc:{contract.RENDEZVOUS_PORT}"
+        assert env[contract.ENV_RDZV_ID] == job_uid
+        assert env[contract.ENV_MIN_REPLICAS] == "2" and env[contract.ENV_MAX_REPLICAS] == "6"
+        assert pod.spec.termination_grace_period_seconds == 5
+    rendezvous = kube.core.read_namespaced_pod("train-rdzv", namespace)
+    assert rendezvous.status.phase == "Running"
+    assert rendezvous.metadata.owner_references[0].uid == job_uid
+    assert (
+        kube.core.read_namespaced_service("train-rdzv", namespace).spec.ports[0].port
+        == contract.RENDEZVOUS_PORT
+    )
+    assert kube.core.read_namespaced_service("train-workers", namespace).spec.cluster_ip == "None"
+    ready = condition(kube, namespace, "train", "Ready")
+    assert ready and ready["status"] == "True" and ready["observedGeneration"] == 1
+
+
+def test_preempted_node_shrinks_the_job_which_keeps_running_and_grows_back(
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
+) -> None:
+    gpu_nodes.add(2)
+    [spot] = gpu_nodes.add(1, GpuNodeTemplate(spot=True), group="spot")
+    create_job(kube, namespace, job_manifest("elastic", 2, 12, gpu_nodes.selector))
+    wait_for(lambda: settled(kube, namespace, "elastic", 12), SETTLE, "12 workers running")
+    on_spot = [p.metadata.name for p in workers(kube, namespace, "elastic") if p.spec.node_name == spot]
+    assert len(on_spot) == 4
+
+    preempt_node(kube.core, spot)
+    wait_for(lambda: settled(kube, namespace, "elastic", 8), SETTLE, "job shrunk to 8 and Running")
+    current = status(kube, namespace, "elastic")
+    assert current["preemptions"] == 4
+    assert current["restarts"] == 0, "preemption is not failure"
+    assert current["lastRescale"]["from"] == 12 and current["lastRescale"]["to"] == 8
+    assert current["lastRescale"]["reason"] == "Preemption"
+    preempted = condition(kube, namespace, "elastic", "Preempted")
+    assert preempted and preempted["status"] == "True"
+    assert all(name in preempted["message"] for name in on_spot)
+    assert wait_for(lambda: events(kube, namespace, "elastic", "Preempted"), 10, "Preempted event")
+
+    gpu_nodes.add(1, group="new")
+    wait_for(lambda: settled(kube, namespace, "elastic", 12), SETTLE, "job grown back to 12")
+    assert status(kube, namespace, "elastic")["lastRescale"]["reason"] == "CapacityFreed"
+    assert status(kube, namespace, "elastic")["worldGeneration"] >= 3
+
+
+def test_added_nodes_grow_the_job_to_max(
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
+) -> None:
+    gpu_nodes.add(1)
+    create_job(kube, namespace, job_manifest("grow", 1, 10, gpu_nodes.selector))
+    wait_for(lambda: settled(kube, namespace, "grow", 4), SETTLE, "4 workers on one node")
+    gpu_nodes.add(2, group="more")
+    wait_for(lambda: settled(kube, namespace, "grow", 10), SETTLE, "grown to max 10")
+    rescale = status(kube, namespace, "grow")["lastRescale"]
+    assert rescale["to"] == 10 and rescale["from"] >= 4 and rescale["reason"] == "CapacityFreed"
+
+
+def test_higher_priority_gets_its_max_and_the_other_keeps_its_min_or_waits(
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
+) -> None:
+    gpu_nodes.add(2)  # 8 GPUs
+    create_job(kube, namespace, job_manifest("low", 2, 8, gpu_nodes.selector, priority=0))
+    wait_for(lambda: settled(kube, namespace, "low", 8), SETTLE, "low-priority job alone gets 8")
+
+    create_job(kube, namespace, job_manifest("high", 2, 6, gpu_nodes.selector, priority=100))
+    wait_for(lambda: settled(kube, namespace, "high", 6), SETTLE, "high-priority job at its max")
+    wait_for(lambda: settled(kube, namespace, "low", 2), SETTLE, "low-priority job down to its min")
+    assert status(kube, namespace, "low")["lastRescale"]["reason"] == "CapacityReclaimed"
+
+    create_job(kube, namespace, job_manifest("late", 3, 4, gpu_nodes.selector, priority=0))
+
+    def waiting() -> bool:
+        schedulable = condition(kube, namespace, "late", "Schedulable")
+        return bool(schedulable and schedulable["status"] == "False")
+
+    wait_for(waiting, SETTLE, "the job that cannot reach its min waits")
+    schedulable = condition(kube, namespace, "late", "Schedulable")
+    assert schedulable and schedulable["reason"] == "InsufficientGPUs" and "min 3" in schedulable["message"]
+    assert status(kube, namespace, "late")["phase"] == "Pending"
+    assert workers(kube, namespace, "late", None) == []
+    assert settled(kube, namespace, "high", 6) and settled(kube, namespace, "low", 2)
+
+
+def test_workers_pending_too_long_are_withdrawn_and_the_job_shrinks(
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
+) -> None:
+    # The allocator counts GPUs; the scheduler also counts CPU: 32 CPUs fit one 20-CPU worker only.
+    gpu_nodes.add(1)
+    create_job(kube, namespace, job_manifest("cpu-bound", 1, 4, gpu_nodes.selector, cpu="20"))
+    wait_for(lambda: settled(kube, namespace, "cpu-bound", 1), SETTLE, "withdrawn down to 1 worker")
+    current = status(kube, namespace, "cpu-bound")
+    assert current["holdReplicas"] == 1 and current["lastRescale"]["reason"] == "PendingTimeout"
+    assert current["lastRescale"]["to"] == 1
+    [event, *_] = events(kube, namespace, "cpu-bound", "WorkersWithdrawn")
+    assert "unscheduled" in event.message
+
+
+def test_job_that_cannot_reach_min_within_the_pending_timeout_waits(
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
+) -> None:
+    gpu_nodes.add(1)
+    create_job(kube, namespace, job_manifest("too-fat", 2, 4, gpu_nodes.selector, cpu="20"))
+
+    def waiting() -> bool:
+        schedulable = condition(kube, namespace, "too-fat", "Schedulable")
+        return bool(schedulable and schedulable["reason"] == "PendingTimeout")
+
+    wait_for(waiting, SETTLE, "Schedulable=False/PendingTimeout")
+    wait_for(lambda: not workers(kube, namespace, "too-fat", None), SETTLE, "every worker withdrawn")
+    assert status(kube, namespace, "too-fat")["phase"] == "Pending"
+
+
+def test_failures_restart_workers_until_max_restarts_then_the_job_fails(
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
+) -> None:
+    gpu_nodes.add(1)
+    create_job(kube, namespace, job_manifest("flaky", 1, 2, gpu_nodes.selector, maxRestarts=1))
+    wait_for(lambda: settled(kube, namespace, "flaky", 2), SETTLE, "2 workers")
+
+    fail_pod(kube.core, namespace, "flaky-worker-0", contract.EXIT_SIGTERM)  # preemption, not failure
+    wait_for(
+        lambda: status(kube, namespace, "flaky").get("preemptions") == 1, SETTLE, "counted as preemption"
+    )
+    wait_for(lambda: settled(kube, namespace, "flaky", 2), SETTLE, "replaced")
+    assert status(kube, namespace, "flaky")["restarts"] == 0
+
+    fail_pod(kube.core, namespace, "flaky-worker-1", 1)
+    wait_for(lambda: status(kube, namespace, "flaky").get("restarts") == 1, SETTLE, "first real failure")
+    wait_for(lambda: settled(kube, namespace, "flaky", 2), SETTLE, "replaced after a real failure")
+
+    victim = workers(kube, namespace, "flaky")[0].metadata.name
+    fail_pod(kube.core, namespace, victim, 3)
+    wait_for(lambda: status(kube, namespace, "flaky").get("phase") == "Failed", SETTLE, "job Failed")
+    failed = condition(kube, namespace, "flaky", "Failed")
+    assert failed and failed["reason"] == "TooManyFailures" and "maxRestarts=1" in failed["message"]
+    wait_for(lambda: not workers(kube, namespace, "flaky"), SETTLE, "running workers cleaned up")
+    assert kube.core.read_namespaced_pod(victim, namespace).status.phase == "Failed", "kept for its logs"
+
+
+def test_job_succeeds_when_its_workers_finish(
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
+) -> None:
+    gpu_nodes.add(1)
+    create_job(kube, namespace, job_manifest("done", 1, 3, gpu_nodes.selector))
+    wait_for(lambda: settled(kube, namespace, "done", 3), SETTLE, "3 workers")
+    for pod in workers(kube, namespace, "done"):
+        fail_pod(kube.core, namespace, pod.metadata.name, contract.EXIT_SUCCESS)
+    wait_for(lambda: status(kube, namespace, "done").get("phase") == "Succeeded", SETTLE, "Succeeded")
+    assert len(workers(kube, namespace, "done", "Succeeded")) == 3, "cleanPodPolicy Running keeps them"
+
+    def rendezvous_gone() -> bool:
+        try:
+            kube.core.read_namespaced_pod("done-rdzv", namespace)
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    wait_for(rendezvous_gone, SETTLE, "rendezvous pod cleaned up")
+    assert status(kube, namespace, "done")["completionTime"]
+
+
+def test_deleting_the_job_garbage_collects_everything(
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
+) -> None:
+    gpu_nodes.add(1)
+    create_job(kube, namespace, job_manifest("short", 1, 4, gpu_nodes.selector))
+    wait_for(lambda: settled(kube, namespace, "short", 4), SETTLE, "4 workers")
+    kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "short")
+    selector = contract.LABEL_JOB_NAME + "=short"
+
+    def collected() -> bool:
+        pods = kube.core.list_namespaced_pod(namespace, label_selector=selector).items
+        services = kube.core.list_namespaced_service(namespace, label_selector=selector).items
+        return not pods and not services
+
+    wait_for(collected, SETTLE, "pods and Services garbage-collected")
+
+
+def test_metrics_report_jobs_workers_and_gpus(
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
+) -> None:
+    gpu_nodes.add(2)
+    create_job(kube, namespace, job_manifest("watched", 1, 5, gpu_nodes.selector))
+    wait_for(lambda: settled(kube, namespace, "watched", 5), SETTLE, "5 workers")
+    labels = f'job="watched",namespace="{namespace}"'
+
+    def scraped() -> str | None:
+        text = operator.metrics()
+        return text if f"ebbflow_job_current_workers{{{labels}}} 5.0" in text else None
+
+    text = wait_for(scraped, SETTLE, "metrics caught up")
+    assert f"ebbflow_job_desired_workers{{{labels}}} 5.0" in text
+    assert 'ebbflow_jobs{phase="Running"} 1.0' in text
+    assert 'ebbflow_cluster_gpus{state="total"} 8.0' in text
+    assert 'ebbflow_cluster_gpus{state="free"} 3.0' in text
+    assert 'ebbflow_rescales_total{reason="SpecChanged"} 1.0' in text
+    assert "ebbflow_decision_latency_seconds_count" in text
+    assert "ebbflow_reconcile_errors_total 0.0" in text
+    assert "ebbflow_preemptions_total 0.0" in text
