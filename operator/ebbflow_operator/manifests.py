@@ -146,6 +146,7 @@ def rendezvous_pod(job: Job) -> Json:
                     {"name": contract.ENV_JOB_NAME, "value": job.name},
                     {"name": contract.ENV_NAMESPACE, "value": job.namespace},
                     {"name": contract.ENV_RDZV_ID, "value": job.uid},
+                    {"name": contract.ENV_RDZV_PORT, "value": str(rendezvous.port)},
                 ],
                 "ports": [{"name": "c10d", "containerPort": rendezvous.port}],
                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},

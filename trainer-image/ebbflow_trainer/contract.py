@@ -50,13 +50,15 @@ ENV_METRICS_PORT: Final = "EBBFLOW_METRICS_PORT"
 # state over within it. The operator sets the pod's terminationGracePeriodSeconds to the same value.
 ENV_LEAVE_GRACE_SECONDS: Final = "EBBFLOW_LEAVE_GRACE_SECONDS"
 
-# spec.rendezvous.joinTimeoutSeconds: how long a worker waits for a rendezvous round.
+# spec.rendezvous: the rendezvous pod serves on ENV_RDZV_PORT; a worker waits
+# ENV_RDZV_JOIN_TIMEOUT_SECONDS for a rendezvous round.
+ENV_RDZV_PORT: Final = "EBBFLOW_RDZV_PORT"
 ENV_RDZV_JOIN_TIMEOUT_SECONDS: Final = "EBBFLOW_RDZV_JOIN_TIMEOUT_SECONDS"
 
 # --- The rendezvous pod ----------------------------------------------------------------------------
 # Default command of the rendezvous pod (it hosts the c10d TCPStore), followed by
-# RENDEZVOUS_PORT_FLAG <port>; it runs the worker template's first image unless spec.rendezvous
-# overrides image or command.
+# RENDEZVOUS_PORT_FLAG <port> (the port is in ENV_RDZV_PORT too); it runs the worker template's first
+# image unless spec.rendezvous overrides image or command.
 RENDEZVOUS_COMMAND: Final = ("ebbflow-train", "rendezvous")
 RENDEZVOUS_PORT_FLAG: Final = "--port"
 
