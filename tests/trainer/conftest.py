@@ -1,0 +1,24 @@
+"""Shared fixtures for the trainer tier: one calm reference run that every elastic scenario must match."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.trainer.trainer_cluster import running_job
+
+
+@pytest.fixture(scope="session")
+def calm_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Final state of a calm one-worker run (V=4, B=32, 200 steps, deterministic).
+
+    Deterministic mode makes the result independent of the world size, so this one run is the
+    reference for every scenario that changes the world along the way.
+    """
+    root: Path = tmp_path_factory.mktemp("reference")
+    with running_job(root, min_replicas=1, max_replicas=1) as job:
+        node = job.start_node()
+        assert job.wait_all([node], 180) == [0], job.logs()
+        return job.final_checkpoint()

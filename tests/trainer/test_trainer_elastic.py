@@ -1,0 +1,211 @@
+"""Trainer tier: real launchers, elastic agents, workers and a rendezvous process, gloo on CPU.
+
+Every scenario trains the digits example with V=4, B=32 for 200 steps and, where mathematics must
+not change, compares the final parameters with a calm one-worker run (``calm_reference``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ebbflow_trainer import contract
+
+from tests.trainer.trainer_cluster import (
+    DIGITS,
+    Job,
+    Node,
+    assert_bitwise_equal,
+    parameters_of,
+    running_job,
+    wait_for,
+)
+
+# Modelled device time per virtual node: long enough to act mid-run, short enough for CI.
+SLOW_STEPS = ["--simulated-vnode-seconds", "0.02"]
+
+
+def _generations(node: Node) -> list[dict[str, Any]]:
+    return node.events("generation")
+
+
+def _steps_in(nodes: list[Node], generation: int) -> list[int]:
+    return [r["step"] for n in nodes for r in n.events("step") if r["generation"] == generation]
+
+
+def _wait_for_world(node: Node, size: int, min_step: int) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        last = node.last_step()
+        return last if last and last["world"] == size and last["step"] >= min_step else None
+
+    return wait_for(reached, 180, f"{node.name} to train at world size {size}")
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_deterministic_mode_is_bitwise_identical_for_every_world_size(
+    tmp_path: Path, calm_reference: dict[str, Any], world_size: int
+) -> None:
+    with running_job(tmp_path, min_replicas=world_size, max_replicas=world_size) as job:
+        nodes = [job.start_node() for _ in range(world_size)]
+        assert job.wait_all(nodes, 240) == [0] * world_size, job.logs()
+        assert set(job.world_sizes_by_step().values()) == {world_size}
+        final = job.final_checkpoint()
+    assert final["step"] == calm_reference["step"] == 200
+    assert_bitwise_equal(final, calm_reference)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_fast_mode_matches_within_float_tolerance(
+    tmp_path: Path, calm_reference: dict[str, Any], world_size: int
+) -> None:
+    with running_job(tmp_path, min_replicas=world_size, max_replicas=world_size, mode="fast") as job:
+        nodes = [job.start_node() for _ in range(world_size)]
+        assert job.wait_all(nodes, 240) == [0] * world_size, job.logs()
+        final = job.final_checkpoint()
+    ours, reference = parameters_of(final), parameters_of(calm_reference)
+    flat_ours = torch.cat([ours[name].flatten() for name in sorted(ours)])
+    flat_reference = torch.cat([reference[name].flatten() for name in sorted(reference)])
+    relative = float((flat_ours - flat_reference).norm() / flat_reference.norm())
+    assert relative <= 1e-6, f"relative difference {relative:.3e}"
+
+
+@pytest.mark.parametrize("victim_rank", [0, 2])
+def test_sigkill_of_any_worker_resumes_from_memory_at_world_size_two(
+    tmp_path: Path, calm_reference: dict[str, Any], victim_rank: int
+) -> None:
+    with running_job(tmp_path, min_replicas=2, max_replicas=3, extra_args=SLOW_STEPS) as job:
+        nodes = [job.start_node() for _ in range(3)]
+        _wait_for_world(nodes[0], 3, min_step=10)
+        victim = next(
+            n for n in nodes if n.last_step()["world"] == 3 and n.last_step()["rank"] == victim_rank
+        )
+        victim.kill_tree()
+        survivors = [n for n in nodes if n is not victim]
+        assert job.wait_all(survivors, 240) == [0, 0], job.logs()
+
+        before = max(g["generation"] for n in survivors for g in _generations(n) if g["world"] == 3)
+        after = [g for n in survivors for g in _generations(n) if g["generation"] > before]
+        assert after, "the survivors never formed a new world"
+        first_after = min(g["generation"] for g in after)
+        resumed = [g for g in after if g["generation"] == first_after]
+        assert {g["world"] for g in resumed} == {2}
+        assert {g["source"] for g in resumed} == {"memory"}, "survivors must resume from their own state"
+        # At most the interrupted step is redone: the new world starts where the old one stopped.
+        completed_before = max(_steps_in(survivors, before))
+        assert {g["step"] for g in resumed} == {completed_before}
+        assert max(_steps_in(survivors, first_after)) == 200
+        final = job.final_checkpoint()
+    assert_bitwise_equal(final, calm_reference)
+
+
+def test_sigterm_leaves_gracefully_without_losing_a_step(
+    tmp_path: Path, calm_reference: dict[str, Any]
+) -> None:
+    with running_job(tmp_path, min_replicas=2, max_replicas=3, extra_args=SLOW_STEPS) as job:
+        nodes = [job.start_node() for _ in range(3)]
+        _wait_for_world(nodes[0], 3, min_step=10)
+        leaver = next(n for n in nodes if n.last_step()["world"] == 3 and n.last_step()["rank"] == 1)
+        leaver.terminate()
+        assert leaver.process.wait(timeout=60) == contract.EXIT_SUCCESS, job.logs()
+        (left,) = leaver.events("left")
+        survivors = [n for n in nodes if n is not leaver]
+        assert job.wait_all(survivors, 240) == [0, 0], job.logs()
+
+        # Everyone stopped at the same step boundary, and the next world starts exactly there.
+        last_generation = max(g["generation"] for g in _generations(leaver))
+        assert max(_steps_in(nodes, last_generation)) == left["step"]
+        resumed = [g for n in survivors for g in _generations(n) if g["generation"] > last_generation]
+        first_after = min(g["generation"] for g in resumed)
+        assert {(g["world"], g["step"], g["source"]) for g in resumed if g["generation"] == first_after} == {
+            (2, left["step"], "memory")
+        }
+        # A durable checkpoint was written at the leave.
+        checkpoints = [r["step"] for n in nodes for r in n.events("checkpoint")]
+        assert left["step"] in checkpoints
+        final = job.final_checkpoint()
+    assert_bitwise_equal(final, calm_reference)
+
+
+def test_a_joining_worker_receives_the_state_and_the_world_grows_at_a_step_boundary(
+    tmp_path: Path, calm_reference: dict[str, Any]
+) -> None:
+    with running_job(tmp_path, min_replicas=2, max_replicas=3, extra_args=SLOW_STEPS) as job:
+        first = [job.start_node() for _ in range(2)]
+        _wait_for_world(first[0], 2, min_step=10)
+        newcomer = job.start_node()
+        assert job.wait_all([*first, newcomer], 240) == [0, 0, 0], job.logs()
+
+        (joined,) = [g for g in _generations(newcomer) if g["world"] == 3]
+        assert joined["source"] == "peer", "the newcomer must receive the state from a peer"
+        old_generations = {g["generation"] for n in first for g in _generations(n) if g["world"] == 2}
+        stopped_at = max(s for g in old_generations for s in _steps_in(first, g))
+        assert joined["step"] == stopped_at, (
+            "the world must grow at the step boundary where the old one stopped"
+        )
+        assert [
+            g["source"] for n in first for g in _generations(n) if g["generation"] == joined["generation"]
+        ] == [
+            "memory",
+            "memory",
+        ]
+        assert max(_steps_in([newcomer], joined["generation"])) == 200
+        final = job.final_checkpoint()
+    assert_bitwise_equal(final, calm_reference)
+
+
+def test_dynamic_batching_gives_a_three_times_slower_worker_a_quarter_of_the_batch(
+    tmp_path: Path, calm_reference: dict[str, Any]
+) -> None:
+    with running_job(
+        tmp_path, min_replicas=2, max_replicas=2, batching="dynamic", extra_args=SLOW_STEPS
+    ) as job:
+        fast = job.start_node()
+        slow = job.start_node("--slowdown", "3")
+        assert job.wait_all([fast, slow], 240) == [0, 0], job.logs()
+        slow_steps = slow.events("step")
+        final = job.final_checkpoint()
+    # The controller moved work at least once, and the last 50 steps ran with 1 of 4 virtual nodes
+    # (8 of 32 samples) on the slow worker.
+    assert slow.events("rebalance"), "the controller never reassigned virtual nodes"
+    shares = [len(r["vnodes"]) / 4 for r in slow_steps[-50:]]
+    assert shares == [0.25] * 50, shares
+    assert_bitwise_equal(final, calm_reference)
+
+
+def test_rank_zero_reports_progress_with_the_contract_fields(tmp_path: Path) -> None:
+    with running_job(tmp_path, min_replicas=1, max_replicas=1, steps=20) as job:
+        node = job.start_node()
+        assert job.wait_all([node], 180) == [0], job.logs()
+        report = json.loads((job.checkpoint_dir / "progress.json").read_text())
+    assert tuple(report) == contract.PROGRESS_FIELDS
+    assert report["step"] == 20 and report["samples"] == 20 * 32
+    assert report["loss"] > 0 and report["samplesPerSecond"] > 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "setting"),
+    [
+        ({contract.ENV_VIRTUAL_NODES: "3"}, contract.ENV_VIRTUAL_NODES),
+        ({contract.ENV_VIRTUAL_NODES: "2", contract.ENV_GLOBAL_BATCH_SIZE: "32"}, contract.ENV_MAX_REPLICAS),
+        ({contract.ENV_RDZV_ENDPOINT: ""}, contract.ENV_RDZV_ENDPOINT),
+        ({contract.ENV_BATCHING: "greedy"}, contract.ENV_BATCHING),
+    ],
+)
+def test_invalid_configuration_fails_fast_naming_the_setting(
+    tmp_path: Path, overrides: dict[str, str], setting: str
+) -> None:
+    job = Job(root=tmp_path, max_replicas=4, port=29400)
+    result = subprocess.run(
+        [sys.executable, "-m", "ebbflow_trainer", "run", DIGITS, "--state-dir", str(tmp_path)],
+        env=job.environment(**overrides),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == contract.EXIT_INVALID_CONFIG, result.stderr
+    assert setting in result.stderr

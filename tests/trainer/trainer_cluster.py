@@ -1,0 +1,240 @@
+"""A job on one machine: a rendezvous process and worker "pods" (launcher + its worker), all real processes.
+
+Pod deletion is modelled faithfully: SIGTERM goes to the launcher only (a container's PID 1), SIGKILL
+goes to the launcher and every descendant (the elastic agent starts workers in their own sessions,
+so killing the launcher's process group alone would leave the worker running).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from ebbflow_trainer import contract
+
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = str(REPO / "examples" / "digits" / "train.py")
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T], timeout: float, what: str, poll: float = 0.05) -> T:
+    """Poll ``condition`` until it returns something truthy, or fail naming what never happened."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(poll)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc), children before grandchildren."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        current = frontier.pop(0)
+        for child in children.get(current, []):
+            found.append(child)
+            frontier.append(child)
+    return found
+
+
+@dataclass
+class Node:
+    name: str
+    process: subprocess.Popen[bytes]
+    state_dir: Path
+    journal: Path
+    log: Path
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        if not self.journal.exists():
+            return []
+        records = [json.loads(line) for line in self.journal.read_text().splitlines() if line.strip()]
+        return [r for r in records if kind is None or r["event"] == kind]
+
+    def last_step(self) -> dict[str, Any] | None:
+        steps = self.events("step")
+        return steps[-1] if steps else None
+
+    def kill_tree(self) -> None:
+        """What a pod deletion past its grace period does: SIGKILL to every process of the pod."""
+        tree = [self.process.pid, *descendants(self.process.pid)]
+        for pid in tree:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+        for pid in tree[1:]:
+            wait_for(
+                lambda pid=pid: not Path(f"/proc/{pid}").exists() or _is_zombie(pid), 30, f"pid {pid} to die"
+            )
+
+    def terminate(self) -> None:
+        """What a pod deletion does first: SIGTERM to the container's main process."""
+        self.process.send_signal(signal.SIGTERM)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@dataclass
+class Job:
+    root: Path
+    virtual_nodes: int = 4
+    global_batch_size: int = 32
+    min_replicas: int = 1
+    max_replicas: int = 4
+    steps: int = 200
+    mode: str = "deterministic"
+    batching: str = "static"
+    extra_args: list[str] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
+    rdzv: subprocess.Popen[bytes] | None = None
+    port: int = 0
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    def start_rendezvous(self) -> None:
+        port_file = self.root / "rdzv.port"
+        log = open(self.root / "rdzv.log", "wb")  # noqa: SIM115 - closed with the process
+        command = [sys.executable, "-m", "ebbflow_trainer", "rendezvous", "--host", "127.0.0.1"]
+        command += [contract.RENDEZVOUS_PORT_FLAG, "0", "--port-file", str(port_file)]
+        self.rdzv = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+        def serving() -> str:
+            assert self.rdzv is not None and self.rdzv.poll() is None, f"rendezvous exited:\n{self.logs()}"
+            return port_file.read_text() if port_file.exists() else ""
+
+        self.port = int(wait_for(serving, 60, "the rendezvous store"))
+
+    def environment(self, **overrides: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                contract.ENV_RDZV_ENDPOINT: f"127.0.0.1:{self.port}",
+                contract.ENV_RDZV_ID: f"test-{self.root.name}",
+                contract.ENV_MIN_REPLICAS: str(self.min_replicas),
+                contract.ENV_MAX_REPLICAS: str(self.max_replicas),
+                contract.ENV_VIRTUAL_NODES: str(self.virtual_nodes),
+                contract.ENV_GLOBAL_BATCH_SIZE: str(self.global_batch_size),
+                contract.ENV_BATCHING: self.batching,
+                contract.ENV_CHECKPOINT_PATH: str(self.checkpoint_dir),
+                contract.ENV_METRICS_PORT: "0",
+                contract.ENV_LEAVE_GRACE_SECONDS: "30",
+                "OMP_NUM_THREADS": "1",
+            }
+        )
+        env.update(overrides)
+        return env
+
+    def start_node(self, *args: str, env: dict[str, str] | None = None) -> Node:
+        name = f"node{len(self.nodes)}"
+        state_dir = self.root / name
+        state_dir.mkdir(parents=True)
+        journal, log_path = state_dir / "journal.jsonl", self.root / f"{name}.log"
+        command = [sys.executable, "-m", "ebbflow_trainer", "run", DIGITS, "--steps", str(self.steps)]
+        command += ["--mode", self.mode, "--state-dir", str(state_dir), "--journal", str(journal)]
+        command += ["--last-call-timeout", "2", *self.extra_args, *args]
+        log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
+        process = subprocess.Popen(
+            command,
+            env=env or self.environment(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        node = Node(name, process, state_dir, journal, log_path)
+        self.nodes.append(node)
+        return node
+
+    def wait_all(self, nodes: list[Node], timeout: float) -> list[int]:
+        codes = []
+        for node in nodes:
+            try:
+                codes.append(node.process.wait(timeout=max(1.0, timeout)))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{node.name} still running; log:\n{self.logs()}") from None
+        return codes
+
+    def final_checkpoint(self) -> dict[str, Any]:
+        state: dict[str, Any] = torch.load(self.checkpoint_dir / "checkpoint.pt", weights_only=False)
+        return state
+
+    def world_sizes_by_step(self) -> dict[int, int]:
+        """The world size each completed step was trained with (from every node's journal)."""
+        sizes: dict[int, int] = {}
+        for node in self.nodes:
+            for record in node.events("step"):
+                sizes[record["step"]] = record["world"]
+        return sizes
+
+    def logs(self, tail: int = 4000) -> str:
+        parts = []
+        for path in sorted(self.root.glob("*.log")):
+            parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-tail:]}")
+        return "\n".join(parts)
+
+    def shutdown(self) -> None:
+        for node in self.nodes:
+            if node.process.poll() is None:
+                node.kill_tree()
+            else:
+                for pid in descendants(node.process.pid):
+                    os.kill(pid, signal.SIGKILL)
+        if self.rdzv is not None and self.rdzv.poll() is None:
+            self.rdzv.kill()
+            self.rdzv.wait(timeout=30)
+
+
+@contextmanager
+def running_job(root: Path, **settings: Any) -> Iterator[Job]:
+    job = Job(root=root, **settings)
+    job.start_rendezvous()
+    try:
+        yield job
+    finally:
+        job.shutdown()
+
+
+def parameters_of(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {name: tensor for name, tensor in state["model"].items() if tensor.is_floating_point()}
+
+
+def assert_bitwise_equal(a: dict[str, Any], b: dict[str, Any]) -> None:
+    pa, pb = parameters_of(a), parameters_of(b)
+    assert pa.keys() == pb.keys()
+    for name in pa:
+        same_bits = torch.equal(pa[name].view(torch.int32), pb[name].view(torch.int32))
+        assert same_bits, f"{name} differs: max |diff| {(pa[name] - pb[name]).abs().max().item()}"

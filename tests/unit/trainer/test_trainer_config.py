@@ -1,0 +1,66 @@
+"""Configuration validation: every rejection names the setting and how to fix it."""
+
+from __future__ import annotations
+
+import pytest
+from ebbflow_trainer import contract
+from ebbflow_trainer.config import ConfigError, TrainerConfig, from_environment
+
+VALID = {
+    contract.ENV_RDZV_ENDPOINT: "rdzv:29400",
+    contract.ENV_RDZV_ID: "job-1",
+    contract.ENV_MIN_REPLICAS: "1",
+    contract.ENV_MAX_REPLICAS: "4",
+    contract.ENV_VIRTUAL_NODES: "8",
+    contract.ENV_GLOBAL_BATCH_SIZE: "64",
+}
+
+
+def _config(**overrides: str) -> TrainerConfig:
+    return from_environment({**VALID, **overrides}, spec="train.py", state_dir="/tmp/x")
+
+
+def test_a_valid_environment_resolves() -> None:
+    config = _config(**{contract.ENV_BATCHING: "dynamic", contract.ENV_LR_SCALING: "sqrt"})
+    assert (config.virtual_nodes, config.global_batch_size, config.samples_per_virtual_node) == (8, 64, 8)
+    assert (config.rdzv_host, config.rdzv_port) == ("rdzv", 29400)
+    assert config.batching == "dynamic" and config.lr_scaling == "sqrt"
+    assert TrainerConfig.from_json(config.to_json()) == config
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named", "advice"),
+    [
+        ({contract.ENV_VIRTUAL_NODES: "6"}, contract.ENV_VIRTUAL_NODES, "divisor"),
+        ({contract.ENV_VIRTUAL_NODES: "2"}, contract.ENV_MAX_REPLICAS, "raise the virtual nodes"),
+        ({contract.ENV_RDZV_ENDPOINT: ""}, contract.ENV_RDZV_ENDPOINT, "ebbflow-train rendezvous"),
+        ({contract.ENV_RDZV_ENDPOINT: "rdzv"}, contract.ENV_RDZV_ENDPOINT, "host:port"),
+        ({contract.ENV_RDZV_ID: ""}, contract.ENV_RDZV_ID, "unique"),
+        ({contract.ENV_MIN_REPLICAS: "5"}, contract.ENV_MAX_REPLICAS, "at least the minimum"),
+        ({contract.ENV_GLOBAL_BATCH_SIZE: "many"}, contract.ENV_GLOBAL_BATCH_SIZE, "whole number"),
+        ({contract.ENV_BATCHING: "greedy"}, contract.ENV_BATCHING, "static"),
+        ({contract.ENV_LR_SCALING: "cubic"}, contract.ENV_LR_SCALING, "adascale"),
+    ],
+)
+def test_invalid_settings_are_named_with_a_fix(overrides: dict[str, str], named: str, advice: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        _config(**overrides)
+    assert named in str(error.value) and advice in str(error.value)
+
+
+def test_missing_virtual_nodes_is_named() -> None:
+    env = {k: v for k, v in VALID.items() if k != contract.ENV_VIRTUAL_NODES}
+    with pytest.raises(ConfigError, match=contract.ENV_VIRTUAL_NODES):
+        from_environment(env, spec="train.py", state_dir="/tmp/x")
+
+
+def test_adascale_needs_two_virtual_nodes_and_mode_must_be_known() -> None:
+    one = {
+        contract.ENV_VIRTUAL_NODES: "1",
+        contract.ENV_MAX_REPLICAS: "1",
+        contract.ENV_LR_SCALING: "adascale",
+    }
+    with pytest.raises(ConfigError, match="adascale"):
+        _config(**one)
+    with pytest.raises(ConfigError, match="--mode"):
+        from_environment(VALID, spec="train.py", state_dir="/tmp/x", mode="sloppy")

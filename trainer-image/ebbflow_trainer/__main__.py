@@ -1,0 +1,104 @@
+"""``ebbflow-train``: ``run`` in every worker pod, ``rendezvous`` in the job's rendezvous pod."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from ebbflow_trainer import contract
+
+if TYPE_CHECKING:
+    from ebbflow_trainer.config import TrainerConfig
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ebbflow-train", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    rdzv = commands.add_parser("rendezvous", help="serve the job's rendezvous store (the rendezvous pod)")
+    rdzv.add_argument("--host", default="0.0.0.0")
+    # The operator runs contract.RENDEZVOUS_COMMAND followed by RENDEZVOUS_PORT_FLAG <port>.
+    rdzv.add_argument(contract.RENDEZVOUS_PORT_FLAG, dest="port", type=int, default=contract.RENDEZVOUS_PORT)
+    rdzv.add_argument("--port-file", help="write the port here once serving (useful with --port 0)")
+
+    run = commands.add_parser(
+        "run",
+        help="train in this worker pod (settings from the contract's EBBFLOW_* environment)",
+    )
+    run.add_argument("spec", help="training script: path/to/train.py[:build] or package.module[:build]")
+    run.add_argument("--mode", default="deterministic", help="deterministic (bitwise) or fast (all-reduce)")
+    run.add_argument(
+        "--steps", type=int, help="global steps to train (default: the script's TrainingSpec.steps)"
+    )
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--base-batch-size", type=int, help="batch the learning rate was tuned for (LR scaling)")
+    run.add_argument("--state-dir", help="node-local handoff directory (default /dev/shm/ebbflow/<rdzv id>)")
+    run.add_argument("--journal", default="", help="append a JSON-lines record of generations and steps here")
+    run.add_argument(
+        "--node-addr", default="", help="address other nodes know this node by (default: hostname)"
+    )
+    run.add_argument(
+        "--join-timeout", type=float, help=f"default ${contract.ENV_RDZV_JOIN_TIMEOUT_SECONDS} or 600"
+    )
+    run.add_argument(
+        "--last-call-timeout", type=float, default=1.0, help="wait for more nodes once min have joined"
+    )
+    run.add_argument("--keep-alive-interval", type=float, default=0.5, help="rendezvous heartbeat period (s)")
+    run.add_argument(
+        "--keep-alive-max-attempt", type=int, default=3, help="missed heartbeats before a node is dead"
+    )
+    run.add_argument("--store-timeout", type=float, default=60.0)
+    run.add_argument("--collective-timeout", type=float, default=60.0)
+    run.add_argument("--monitor-interval", type=float, default=0.2)
+    run.add_argument("--dead-band", type=float, default=0.2, help="dynamic batching: smallest change applied")
+    run.add_argument("--progress-interval", type=float, default=5.0, dest="progress_interval_seconds")
+    run.add_argument(
+        "--simulated-vnode-seconds", type=float, default=0.0, help="model device time (CPU tests)"
+    )
+    run.add_argument("--slowdown", type=float, default=1.0, help="model a slower device (tests, benchmarks)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "rendezvous":
+        from ebbflow_trainer.rendezvous import serve
+
+        return serve(args.host, args.port, args.port_file)
+
+    from ebbflow_trainer.config import ConfigError, from_environment
+
+    flags = vars(args).copy()
+    del flags["command"]
+    try:
+        config = from_environment(os.environ, **flags)
+        _check_spec(config)
+    except ConfigError as error:
+        print(f"ebbflow-train: invalid configuration: {error}", file=sys.stderr)
+        return contract.EXIT_INVALID_CONFIG
+
+    from ebbflow_trainer.launcher import run as launch
+
+    return launch(config)
+
+
+def _check_spec(config: TrainerConfig) -> None:
+    """Load the training script once before joining, so a broken script fails the job instead of looping."""
+    from ebbflow_trainer.api import load_spec
+    from ebbflow_trainer.config import ConfigError
+
+    try:
+        spec = load_spec(config.spec)
+    except (ImportError, AttributeError, TypeError, FileNotFoundError) as error:
+        raise ConfigError(f"training script {config.spec!r}: {error}") from None
+    if len(spec.dataset) < config.global_batch_size:
+        raise ConfigError(
+            f"{contract.ENV_GLOBAL_BATCH_SIZE}={config.global_batch_size} exceeds the {len(spec.dataset)} "
+            "samples of the dataset: lower the global batch size or provide more data."
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

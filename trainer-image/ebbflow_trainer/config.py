@@ -1,0 +1,208 @@
+"""Trainer configuration: the contract's environment plus launcher flags, validated before anything starts.
+
+Every check names the setting and the fix, because a bad setting can only be repaired by a person:
+the launcher exits with ``contract.EXIT_INVALID_CONFIG`` and the operator fails the job instead of
+restarting it forever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ebbflow_trainer import contract
+
+MODES = ("deterministic", "fast")
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message names it and says how to fix it."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Everything a launcher and its workers need, resolved once by the launcher."""
+
+    spec: str
+    rdzv_endpoint: str
+    rdzv_id: str
+    min_replicas: int
+    max_replicas: int
+    virtual_nodes: int
+    global_batch_size: int
+    batching: str = "static"
+    lr_scaling: str = "none"
+    mode: str = "deterministic"
+    seed: int = 0
+    steps: int | None = None
+    base_batch_size: int | None = None
+    checkpoint_path: str = ""
+    checkpoint_interval_steps: int = 0
+    metrics_port: int = contract.METRICS_PORT
+    leave_grace_seconds: int = contract.DEFAULT_LEAVE_GRACE_SECONDS
+    pod_name: str = ""
+    namespace: str = ""
+    state_dir: str = ""
+    journal: str = ""
+    node_addr: str = ""
+    # Rendezvous and failure-detection timeouts: short, so a re-formed world trains again in seconds.
+    join_timeout: float = 600.0
+    last_call_timeout: float = 1.0
+    keep_alive_interval: float = 0.5
+    keep_alive_max_attempt: int = 3
+    store_timeout: float = 60.0
+    collective_timeout: float = 60.0
+    monitor_interval: float = 0.2
+    max_restarts: int = 1_000_000
+    # Dynamic batching: relative change below which a reassignment is not worth applying.
+    dead_band: float = 0.2
+    progress_interval_seconds: float = 5.0
+    # Simulated accelerator time per virtual node (CPU tests and benchmarks model devices with it).
+    simulated_vnode_seconds: float = 0.0
+    slowdown: float = 1.0
+
+    @property
+    def samples_per_virtual_node(self) -> int:
+        return self.global_batch_size // self.virtual_nodes
+
+    @property
+    def rdzv_host(self) -> str:
+        return self.rdzv_endpoint.rsplit(":", 1)[0]
+
+    @property
+    def rdzv_port(self) -> int:
+        return int(self.rdzv_endpoint.rsplit(":", 1)[1])
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainerConfig:
+        return cls(**json.loads(text))
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = env.get(name, "")
+    if raw == "":
+        if default is None:
+            raise ConfigError(f"{name} is not set: set it to a positive integer (the operator sets it).")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer: set it to a whole number.") from None
+
+
+def from_environment(env: Mapping[str, str], **flags: object) -> TrainerConfig:
+    """Build and validate the configuration from the contract's variables and the launcher's flags."""
+    endpoint = env.get(contract.ENV_RDZV_ENDPOINT, "")
+    state_dir = str(flags.pop("state_dir", "") or "")
+    if flags.get("join_timeout") is None:
+        flags["join_timeout"] = float(_env_int(env, contract.ENV_RDZV_JOIN_TIMEOUT_SECONDS, 600))
+    rdzv_id = env.get(contract.ENV_RDZV_ID, "") or env.get(contract.ENV_JOB_NAME, "")
+    if not state_dir:
+        shm = Path("/dev/shm")
+        root = shm if shm.is_dir() else Path(tempfile.gettempdir())
+        state_dir = str(root / "ebbflow" / (rdzv_id or "default"))
+    config = TrainerConfig(
+        rdzv_endpoint=endpoint,
+        rdzv_id=rdzv_id,
+        min_replicas=_env_int(env, contract.ENV_MIN_REPLICAS, 1),
+        max_replicas=_env_int(env, contract.ENV_MAX_REPLICAS, 1),
+        virtual_nodes=_env_int(env, contract.ENV_VIRTUAL_NODES),
+        global_batch_size=_env_int(env, contract.ENV_GLOBAL_BATCH_SIZE),
+        batching=env.get(contract.ENV_BATCHING, "") or "static",
+        lr_scaling=env.get(contract.ENV_LR_SCALING, "") or "none",
+        checkpoint_path=env.get(contract.ENV_CHECKPOINT_PATH, ""),
+        checkpoint_interval_steps=_env_int(env, contract.ENV_CHECKPOINT_INTERVAL_STEPS, 0),
+        metrics_port=_env_int(env, contract.ENV_METRICS_PORT, contract.METRICS_PORT),
+        leave_grace_seconds=_env_int(
+            env, contract.ENV_LEAVE_GRACE_SECONDS, contract.DEFAULT_LEAVE_GRACE_SECONDS
+        ),
+        pod_name=env.get(contract.ENV_POD_NAME, ""),
+        namespace=env.get(contract.ENV_NAMESPACE, ""),
+        state_dir=state_dir,
+        **flags,  # type: ignore[arg-type]
+    )
+    validate(config)
+    return config
+
+
+def validate(config: TrainerConfig) -> None:
+    """Reject settings that cannot train correctly, naming the setting and the fix."""
+    endpoint = config.rdzv_endpoint
+    if not endpoint:
+        raise ConfigError(
+            f"{contract.ENV_RDZV_ENDPOINT} is not set: set it to host:port of the job's rendezvous "
+            "service (started with `ebbflow-train rendezvous`)."
+        )
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(
+            f"{contract.ENV_RDZV_ENDPOINT}={endpoint!r} is not host:port: write it like rdzv:29400."
+        )
+    if not config.rdzv_id:
+        raise ConfigError(
+            f"{contract.ENV_RDZV_ID} is not set: set it to an id unique to this job incarnation, so a "
+            "recreated job never joins an old rendezvous round."
+        )
+    if config.min_replicas < 1:
+        raise ConfigError(f"{contract.ENV_MIN_REPLICAS}={config.min_replicas} must be at least 1.")
+    if config.max_replicas < config.min_replicas:
+        raise ConfigError(
+            f"{contract.ENV_MAX_REPLICAS}={config.max_replicas} is below {contract.ENV_MIN_REPLICAS}="
+            f"{config.min_replicas}: make the maximum at least the minimum."
+        )
+    v, b = config.virtual_nodes, config.global_batch_size
+    if v < 1 or b < 1:
+        raise ConfigError(
+            f"{contract.ENV_VIRTUAL_NODES}={v} and {contract.ENV_GLOBAL_BATCH_SIZE}={b} "
+            "must both be positive."
+        )
+    if b % v:
+        divisors = [d for d in range(config.max_replicas, b + 1) if b % d == 0][:3]
+        raise ConfigError(
+            f"{contract.ENV_VIRTUAL_NODES}={v} does not divide {contract.ENV_GLOBAL_BATCH_SIZE}={b}: every "
+            f"virtual node needs the same number of samples; choose a divisor of {b} such as {divisors}."
+        )
+    if v < config.max_replicas:
+        raise ConfigError(
+            f"{contract.ENV_VIRTUAL_NODES}={v} is below {contract.ENV_MAX_REPLICAS}={config.max_replicas}: "
+            "every worker needs at least one virtual node; raise the virtual nodes or lower the maximum."
+        )
+    if config.batching not in contract.BATCHING_POLICIES:
+        raise ConfigError(
+            f"{contract.ENV_BATCHING}={config.batching!r} must be one of {contract.BATCHING_POLICIES}."
+        )
+    if config.lr_scaling not in contract.LR_SCALING_POLICIES:
+        raise ConfigError(
+            f"{contract.ENV_LR_SCALING}={config.lr_scaling!r} must be one of {contract.LR_SCALING_POLICIES}."
+        )
+    if config.lr_scaling == "adascale" and v < 2:
+        raise ConfigError(
+            f"{contract.ENV_LR_SCALING}=adascale needs {contract.ENV_VIRTUAL_NODES} >= 2: the gradient noise "
+            "scale is estimated from the spread between virtual nodes."
+        )
+    if config.mode not in MODES:
+        raise ConfigError(f"--mode={config.mode!r} must be one of {MODES}.")
+    if config.checkpoint_interval_steps < 0:
+        raise ConfigError(
+            f"{contract.ENV_CHECKPOINT_INTERVAL_STEPS} must be 0 (off) or a positive step count."
+        )
+    if config.steps is not None and config.steps < 1:
+        raise ConfigError(f"--steps={config.steps} must be positive.")
+    if config.base_batch_size is not None and config.base_batch_size < 1:
+        raise ConfigError(f"--base-batch-size={config.base_batch_size} must be positive.")
+    if not 0 < config.dead_band < 1:
+        raise ConfigError(f"--dead-band={config.dead_band} must lie strictly between 0 and 1.")
+    for name in ("last_call_timeout", "keep_alive_interval", "collective_timeout", "store_timeout"):
+        value = getattr(config, name)
+        if not (value > 0 and math.isfinite(value)):
+            raise ConfigError(f"--{name.replace('_', '-')}={value} must be a positive number of seconds.")
+    if config.slowdown < 1:
+        raise ConfigError(f"--slowdown={config.slowdown} must be at least 1.")

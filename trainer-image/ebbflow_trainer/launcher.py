@@ -1,0 +1,69 @@
+"""``ebbflow-train run``: one torch elastic agent per worker pod, one training process under it.
+
+The agent joins the job's c10d rendezvous (served by the rendezvous pod), restarts its worker when the
+world changes (a node died, left, or is waiting to join) and never closes the rendezvous: a pod that
+leaves must not end the job for the others (pytorch/pytorch#67742).
+
+SIGTERM (pod deletion) reaches the agent, which forwards it to the worker; the worker finishes its
+step, hands its state over and exits 0, and the agent exits 0 once the worker has left.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from ebbflow_trainer import contract
+from ebbflow_trainer.config import TrainerConfig
+
+# The worker writes this file in its state directory once it has left after SIGTERM.
+LEFT_MARKER = "left"
+
+
+def run(config: TrainerConfig) -> int:
+    """Run the elastic agent until training finishes, this pod leaves, or restarts run out."""
+    from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+
+    from ebbflow_trainer.rendezvous import GenerationRendezvousHandler
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # Workers bootstrap from the rendezvous store; no agent needs to host a store of its own.
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    # One worker per pod: ranks follow the agents' ranks without an extra store round-trip.
+    os.environ["TORCH_ELASTIC_WORKER_IDENTICAL"] = "1"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    state_dir = Path(config.state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    left_marker = state_dir / LEFT_MARKER
+    left_marker.unlink(missing_ok=True)
+
+    spec = WorkerSpec(
+        role="trainer",
+        local_world_size=1,
+        rdzv_handler=GenerationRendezvousHandler(config),
+        entrypoint=sys.executable,
+        args=("-u", "-m", "ebbflow_trainer.worker", config.to_json()),
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+    )
+    agent = LocalElasticAgent(
+        spec,
+        logs_specs=DefaultLogsSpecs(),
+        start_method="spawn",
+        exit_barrier_timeout=config.collective_timeout,
+        # The worker gets the pod's grace period, less a margin for the agent to exit.
+        shutdown_timeout=max(1, config.leave_grace_seconds - 5),
+    )
+    try:
+        result = agent.run()
+    except SignalException as signalled:
+        if signalled.sigval == signal.SIGTERM and left_marker.exists():
+            return contract.EXIT_SUCCESS
+        return 128 + int(signalled.sigval)
+    return contract.EXIT_SUCCESS if result.state == WorkerState.SUCCEEDED else 1

@@ -1,0 +1,121 @@
+"""The job's rendezvous: a store served by its own process, and the handler the elastic agents use.
+
+Stock torchrun hosts the c10d store inside the first agent (its death ends the job) and hands workers
+a bootstrap store on the rank-0 agent that it caches for the agent's lifetime, so after rank 0 dies the
+survivors keep dialling a dead address. Here the store lives in the rendezvous pod
+(``ebbflow-train rendezvous``) and workers bootstrap every world from it, under a generation number
+that the agents of one rendezvous round agree on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+# torch re-exports its store classes from a C extension without declaring them public to type checkers.
+from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
+from torch.distributed.elastic.rendezvous import RendezvousHandler
+from torch.distributed.elastic.rendezvous.api import RendezvousInfo, RendezvousStoreInfo
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousTimeout,
+)
+
+from ebbflow_trainer.config import TrainerConfig
+
+# Set in the agent's environment before it starts a world's workers; workers inherit it.
+ENV_GENERATION = "EBBFLOW_TRAINER_GENERATION"
+_GENERATION_COUNTER = "ebbflow/generation-counter"
+_ROUND_GENERATION = "ebbflow/generation"
+
+
+def serve(host: str, port: int, port_file: str | None) -> int:
+    """Serve the job's store until SIGTERM/SIGINT; the store outlives every worker."""
+    store = TCPStore(host, port, is_master=True, wait_for_workers=False, multi_tenant=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if port_file:
+        written = Path(port_file)
+        temporary = written.with_name(written.name + ".tmp")
+        temporary.write_text(str(store.port))
+        os.replace(temporary, written)
+    print(f"ebbflow rendezvous store serving on {host}:{store.port}", flush=True)
+    stop.wait()
+    return 0
+
+
+def connect(config: TrainerConfig, timeout: float) -> TCPStore:
+    return TCPStore(
+        config.rdzv_host,
+        config.rdzv_port,
+        is_master=False,
+        timeout=timedelta(seconds=timeout),
+    )
+
+
+def generation_store(config: TrainerConfig, generation: int) -> Store:
+    """The store one world's workers bootstrap their process group from (never reused by a later world)."""
+    base = connect(config, config.store_timeout)
+    return PrefixStore(f"ebbflow/{config.rdzv_id}/generation/{generation}", base)
+
+
+class GenerationRendezvousHandler(RendezvousHandler):
+    """Torch's dynamic c10d rendezvous, plus a job-wide generation number for every completed round."""
+
+    def __init__(self, config: TrainerConfig):
+        self._store = connect(config, config.store_timeout)
+        backend = C10dRendezvousBackend(self._store, config.rdzv_id)
+        self._delegate = DynamicRendezvousHandler.from_backend(
+            run_id=config.rdzv_id,
+            store=self._store,
+            backend=backend,
+            min_nodes=config.min_replicas,
+            max_nodes=config.max_replicas,
+            local_addr=config.node_addr or None,
+            timeout=RendezvousTimeout(
+                join=timedelta(seconds=config.join_timeout),
+                last_call=timedelta(seconds=config.last_call_timeout),
+                close=timedelta(seconds=30),
+                heartbeat=timedelta(seconds=config.keep_alive_interval * config.keep_alive_max_attempt),
+            ),
+            # Torch types this as int seconds but only ever passes it to timedelta(seconds=...).
+            keep_alive_interval=config.keep_alive_interval,  # type: ignore[arg-type]
+            keep_alive_max_attempt=config.keep_alive_max_attempt,
+        )
+        self._bootstrap = RendezvousStoreInfo(master_addr=config.rdzv_host, master_port=config.rdzv_port)
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        info = self._delegate.next_rendezvous()
+        round_store = info.store
+        if info.rank == 0:
+            generation = self._store.add(_GENERATION_COUNTER, 1)
+            round_store.set(_ROUND_GENERATION, str(generation))
+        os.environ[ENV_GENERATION] = round_store.get(_ROUND_GENERATION).decode()
+        return RendezvousInfo(round_store, info.rank, info.world_size, self._bootstrap)
+
+    def get_backend(self) -> str:
+        return str(self._delegate.get_backend())
+
+    @property
+    def use_agent_store(self) -> bool:
+        return False
+
+    def is_closed(self) -> bool:
+        return bool(self._delegate.is_closed())
+
+    def set_closed(self) -> None:
+        self._delegate.set_closed()
+
+    def num_nodes_waiting(self) -> int:
+        return int(self._delegate.num_nodes_waiting())
+
+    def get_run_id(self) -> str:
+        return str(self._delegate.get_run_id())
+
+    def shutdown(self) -> bool:
+        return bool(self._delegate.shutdown())

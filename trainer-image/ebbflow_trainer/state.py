@@ -1,0 +1,86 @@
+"""The training state that survives membership changes: capture, restore, serialize, write atomically.
+
+A state is everything needed to continue the exact sample sequence: model, optimizer, the next step
+(which fixes the data position, see :mod:`ebbflow_trainer.sharding`), RNG states, the batch size the
+learning rate was tuned for and the gradient-noise estimates.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ebbflow_trainer.engine import VirtualNodeEngine
+
+HANDOFF_FILE = "handoff.pt"
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+def capture(engine: VirtualNodeEngine, step: int, last_step_wall_time: float) -> dict[str, Any]:
+    """A self-contained copy of the state after ``step`` completed steps."""
+    return {
+        "step": step,
+        "last_step_wall_time": last_step_wall_time,
+        "model": engine.spec.model.state_dict(),
+        "optimizer": engine.spec.optimizer.state_dict(),
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+        },
+        "base_batch_size": engine.base_batch_size,
+        "base_lrs": engine.base_lrs,
+        "noise": vars(engine.noise).copy(),
+        "virtual_nodes": engine.config.virtual_nodes,
+        "global_batch_size": engine.config.global_batch_size,
+        "seed": engine.config.seed,
+    }
+
+
+def restore(engine: VirtualNodeEngine, state: dict[str, Any]) -> None:
+    engine.spec.model.load_state_dict(state["model"])
+    engine.spec.optimizer.load_state_dict(state["optimizer"])
+    rng = state["rng"]
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    engine.base_batch_size = int(state["base_batch_size"])
+    engine.base_lrs = [float(lr) for lr in state["base_lrs"]]
+    for name, value in state["noise"].items():
+        setattr(engine.noise, name, value)
+
+
+def to_bytes(state: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def from_bytes(data: bytes) -> dict[str, Any]:
+    state: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=False)
+    return state
+
+
+def write_atomic(data: bytes, path: Path) -> None:
+    """Write-then-rename, so a reader (or a crash) never sees half a state."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def read(path: Path) -> dict[str, Any] | None:
+    """The state at ``path``, or None when there is none or it cannot be read."""
+    try:
+        return from_bytes(path.read_bytes())
+    except (FileNotFoundError, EOFError, RuntimeError, OSError):
+        return None

@@ -1,0 +1,324 @@
+"""The training process the elastic agent starts for one world (``python -m ebbflow_trainer.worker``).
+
+Life of a worker: bootstrap a gloo process group from the rendezvous store under the world's
+generation; agree on the freshest state (survivors bring theirs from node-local memory, newcomers
+receive it from a peer); train; and when the world must change, stop at a step boundary, leave the
+state in node-local memory for the next world and exit. The agent then forms the next world.
+
+Exit codes towards the agent: 0 when training finished or this worker was asked to leave (SIGTERM),
+``EXIT_REFORM`` when the world must re-form without this worker having been asked to stop (a peer left
+or died); the agent treats it as a failure and restarts the worker in the next rendezvous round.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ebbflow_trainer import contract, metrics, state
+from ebbflow_trainer.api import load_spec
+from ebbflow_trainer.batching import DynamicBatchingController
+from ebbflow_trainer.config import TrainerConfig
+from ebbflow_trainer.engine import VirtualNodeEngine
+from ebbflow_trainer.launcher import LEFT_MARKER
+from ebbflow_trainer.rendezvous import ENV_GENERATION, connect, generation_store
+from ebbflow_trainer.sharding import even_counts, ranges_from_counts
+
+EXIT_REFORM = 75
+log = logging.getLogger("ebbflow_trainer.worker")
+
+
+class LeaveNow(Exception):
+    """SIGTERM arrived before training started: nothing to finish, leave at once."""
+
+
+class LeaveSignal:
+    """SIGTERM means "finish this step, hand the state over, exit 0"; before training it means "exit now"."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.training = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+        if not self.training:
+            raise LeaveNow
+
+
+class Journal:
+    """Optional JSON-lines record of what this node did (generations, steps); tests and debugging read it."""
+
+    def __init__(self, path: str):
+        self._handle = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - lives as long as the process
+
+    def write(self, event: str, **fields: Any) -> None:
+        if self._handle is not None:
+            self._handle.write(
+                json.dumps({"event": event, "time": time.time(), "pid": os.getpid(), **fields}) + "\n"
+            )
+
+
+@dataclass
+class World:
+    rank: int
+    size: int
+    generation: int
+
+
+class Worker:
+    def __init__(self, config: TrainerConfig, world: World, leave: LeaveSignal):
+        self.config = config
+        self.world = world
+        self.leave = leave
+        self.journal = Journal(config.journal)
+        torch.manual_seed(config.seed)
+        self.spec = load_spec(config.spec)
+        self.engine = VirtualNodeEngine(self.spec, config)
+        self.total_steps = config.steps or self.spec.steps
+        self.state_dir = Path(config.state_dir)
+        self.checkpoint = (
+            Path(config.checkpoint_path) / state.CHECKPOINT_FILE if config.checkpoint_path else None
+        )
+        self.step = 0
+        self.last_step_wall_time = time.time()
+        self.store = connect(config, config.store_timeout)
+        self.progress = metrics.ProgressReporter(config) if world.rank == 0 else None
+        self._last_store_report = 0.0
+
+    # --- state agreement -------------------------------------------------------------------------
+    def _highest(self, local: dict[str, Any] | None) -> tuple[torch.Tensor, int, int]:
+        """Every member's step (+1, so "no state" is 0), the highest, and the lowest rank holding it."""
+        steps = torch.zeros(self.world.size, dtype=torch.int64)
+        steps[self.world.rank] = local["step"] + 1 if local is not None else 0
+        dist.all_reduce(steps)
+        best = int(steps.max())
+        return steps, best, int((steps == best).nonzero()[0])
+
+    def agree_on_state(self) -> None:
+        """Continue from the freshest state: in-memory handoffs first (survivors keep theirs, stale members
+        and newcomers receive it from a peer), the durable checkpoint only when no member holds one."""
+        local = state.read(self.state_dir / state.HANDOFF_FILE)
+        source = "memory"
+        steps, best, holder = self._highest(local)
+        if best == 0 and self.checkpoint is not None:
+            local, source = state.read(self.checkpoint), "checkpoint"
+            steps, best, holder = self._highest(local)
+        mine = int(steps[self.world.rank])
+        resumed = local if local is not None and mine == best else None
+        if best > 0 and bool((steps != best).any()):
+            payload = [state.to_bytes(local) if self.world.rank == holder and local is not None else None]
+            dist.broadcast_object_list(payload, src=holder)
+            if resumed is None:
+                assert payload[0] is not None
+                resumed, source = state.from_bytes(payload[0]), "peer"
+        if resumed is not None:
+            state.restore(self.engine, resumed)
+            self.step = int(resumed["step"])
+            self.last_step_wall_time = float(resumed["last_step_wall_time"])
+        else:
+            source = "fresh"
+        self.source = source
+        lost = 0
+        if self.world.rank == 0:
+            if self.store.check([self._last_step_key]):
+                lost = max(0, int(self.store.get(self._last_step_key)) - self.step)
+            metrics.STEPS_LOST.inc(lost)
+        self.journal.write(
+            "generation",
+            generation=self.world.generation,
+            rank=self.world.rank,
+            world=self.world.size,
+            step=self.step,
+            source=source,
+            holder=holder,
+            steps_lost=lost,
+        )
+        log.info(
+            "generation %s: rank %s of %s resumes at step %s from %s",
+            self.world.generation,
+            self.world.rank,
+            self.world.size,
+            self.step,
+            source,
+        )
+
+    @property
+    def _last_step_key(self) -> str:
+        return f"ebbflow/{self.config.rdzv_id}/last-step"
+
+    # --- training --------------------------------------------------------------------------------
+    def train(self) -> int:
+        config, world = self.config, self.world
+        counts = even_counts(config.virtual_nodes, world.size)
+        controller = (
+            DynamicBatchingController(config.virtual_nodes, world.size, dead_band=config.dead_band)
+            if config.batching == "dynamic"
+            else None
+        )
+        first_step = True
+        metrics.WORLD_SIZE.set(world.size)
+        metrics.GENERATION.set(world.generation)
+        self.leave.training = True
+        while self.step < self.total_steps:
+            mine = ranges_from_counts(counts)[world.rank]
+            started = time.time()
+            with torch.random.fork_rng(devices=[]):
+                rows, compute_seconds = self.engine.compute_rows(self.step, mine)
+            message = self.engine.pack(
+                rows,
+                rank=world.rank,
+                world_size=world.size,
+                compute_seconds=compute_seconds,
+                leave=self.leave.requested,
+            )
+            try:
+                dist.all_reduce(message)
+            except RuntimeError as error:
+                log.warning(
+                    "step %s failed (%s); handing over the state of step %s", self.step, error, self.step
+                )
+                self.hand_over()
+                return EXIT_REFORM
+            result = self.engine.apply(message, world.size)
+            self.step += 1
+            now = time.time()
+            if first_step and self.source in ("memory", "peer"):
+                pause = now - self.last_step_wall_time
+                metrics.RESCALE_PAUSE.observe(pause)
+                self.journal.write(
+                    "resumed", generation=world.generation, step=self.step, pause_seconds=pause
+                )
+            first_step = False
+            self.last_step_wall_time = now
+            self._record_step(now - started, result.loss, mine, compute_seconds)
+            interval = config.checkpoint_interval_steps
+            if world.rank == 0 and interval and self.step % interval == 0:
+                self.write_checkpoint()
+            if result.leave_requested:
+                return self.stop_for_new_world()
+            if controller is not None:
+                proposal = controller.observe(counts, result.compute_seconds)
+                if proposal is not None:
+                    self.journal.write(
+                        "rebalance", step=self.step, counts=proposal, seconds=result.compute_seconds
+                    )
+                    counts = proposal
+        if world.rank == 0:
+            self.write_checkpoint()
+            self._report_last_step(force=True)
+        self.journal.write("done", step=self.step, generation=world.generation)
+        return contract.EXIT_SUCCESS
+
+    def _record_step(self, seconds: float, loss: float, mine: list[int], compute_seconds: float) -> None:
+        samples = self.config.global_batch_size
+        metrics.STEP.set(self.step)
+        metrics.SAMPLES.inc(samples)
+        metrics.SAMPLES_PER_SECOND.set(samples / seconds if seconds > 0 else 0.0)
+        metrics.STEP_SECONDS.observe(seconds)
+        metrics.COMPUTE_SECONDS.set(compute_seconds)
+        metrics.VIRTUAL_NODES.set(len(mine))
+        metrics.WORKER_SAMPLES.set(len(mine) * self.config.samples_per_virtual_node)
+        metrics.LOSS.set(loss)
+        self.journal.write(
+            "step",
+            step=self.step,
+            generation=self.world.generation,
+            rank=self.world.rank,
+            world=self.world.size,
+            vnodes=mine,
+            loss=loss,
+            compute_seconds=compute_seconds,
+        )
+        if self.progress is not None:
+            report = self.progress.report(self.step, self.step * samples, loss, samples / max(seconds, 1e-9))
+            self.progress.maybe_report(report, force=self.step == self.total_steps)
+            self._report_last_step()
+
+    def _report_last_step(self, force: bool = False) -> None:
+        """Rank 0 keeps the job's newest step in the store, so a restart can count the steps it lost."""
+        now = time.monotonic()
+        if force or now - self._last_store_report >= 1.0:
+            self._last_store_report = now
+            self.store.set(self._last_step_key, str(self.step))
+
+    def stop_for_new_world(self) -> int:
+        """Someone asked to leave (or the agent must admit a newcomer): stop at this step boundary."""
+        self.hand_over()
+        if self.world.rank == 0:
+            self.write_checkpoint()
+            self._report_last_step(force=True)
+        if self.leave.requested:
+            (self.state_dir / LEFT_MARKER).touch()
+            self.journal.write("left", step=self.step, generation=self.world.generation)
+            return contract.EXIT_SUCCESS
+        self.journal.write("reform", step=self.step, generation=self.world.generation)
+        return EXIT_REFORM
+
+    def hand_over(self) -> None:
+        """Leave this node's state in node-local memory (shared memory in a pod) for the next world."""
+        snapshot = state.capture(self.engine, self.step, self.last_step_wall_time)
+        state.write_atomic(state.to_bytes(snapshot), self.state_dir / state.HANDOFF_FILE)
+
+    def write_checkpoint(self) -> None:
+        if self.checkpoint is None:
+            return
+        snapshot = state.capture(self.engine, self.step, self.last_step_wall_time)
+        state.write_atomic(state.to_bytes(snapshot), self.checkpoint)
+        self.journal.write("checkpoint", step=self.step)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    config = TrainerConfig.from_json(args[0])
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    torch.set_num_threads(1)
+    leave = LeaveSignal()
+    world = World(
+        rank=int(os.environ["RANK"]),
+        size=int(os.environ["WORLD_SIZE"]),
+        generation=int(os.environ[ENV_GENERATION]),
+    )
+    Path(config.state_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        worker = Worker(config, world, leave)
+        metrics.serve(config.metrics_port)
+        dist.init_process_group(
+            "gloo",
+            store=generation_store(config, world.generation),
+            rank=world.rank,
+            world_size=world.size,
+            timeout=timedelta(seconds=config.collective_timeout),
+        )
+        try:
+            worker.agree_on_state()
+        except RuntimeError as error:
+            log.warning("state agreement failed (%s); the world re-forms", error)
+            return EXIT_REFORM
+        return worker.train()
+    except LeaveNow:
+        (Path(config.state_dir) / LEFT_MARKER).touch()
+        return contract.EXIT_SUCCESS
+
+
+def _exit_now(code: int) -> None:
+    """Exit without interpreter teardown: the state is on disk and every second here delays the next world."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    _exit_now(main())
