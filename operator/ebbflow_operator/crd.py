@@ -284,8 +284,9 @@ def _status() -> Schema:
             "restarts": {"type": "integer", "format": "int64"},
             "workerNodes": {
                 "type": "object",
-                "description": "Bound worker pods and their nodes, as last observed; a worker that "
-                "vanishes from here without the operator deleting it was preempted.",
+                "description": "Worker pods as last observed (or just created) and their nodes ('' "
+                "while unscheduled); a bound worker that vanishes from here without the operator "
+                "deleting it was preempted.",
                 "additionalProperties": {"type": "string"},
             },
             "holdReplicas": {

@@ -102,37 +102,43 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
     deletions: list[Deletion] = []
 
     # --- classify workers ------------------------------------------------------------------------
+    # Only workers recorded in status count (once): after a crash between the status write and the
+    # deletions, the next pass deletes the same pods again without counting them again.
+    recorded = status.worker_nodes
     present = {p.name for p in workers}
     lost = {
         name: _lost_reason(node, observed.nodes)
-        for name, node in status.worker_nodes.items()
-        if name not in present
+        for name, node in recorded.items()
+        if name not in present and node
     }
     active: list[Pod] = []
-    failures: list[Pod] = []
+    failures: list[Pod] = []  # real failures, to be deleted and replaced
     succeeded: list[Pod] = []
+
+    def take(pod: Pod, why: str, grace: int, what: str) -> None:
+        if recorded.get(pod.name) is not None and (pod.node or recorded[pod.name]):
+            lost[pod.name] = why
+        deletions.append(Deletion(pod.name, pod.uid, grace, what))
+
     for pod in workers:
         if pod.deleting:
             # The operator deletes only pods it no longer records, so a recorded one is being taken.
-            if pod.name in status.worker_nodes:
+            if recorded.get(pod.name):
                 lost[pod.name] = pod.disruption or _lost_reason(pod.node or "", observed.nodes)
-            continue
-        if pod.phase == "Succeeded":
+        elif pod.phase == "Succeeded":
             succeeded.append(pod)
         elif pod.phase == "Failed":
             if pod.disruption or pod.exit_code in contract.PREEMPTION_EXIT_CODES:
-                lost[pod.name] = pod.disruption or f"ExitCode{pod.exit_code}"
-                deletions.append(Deletion(pod.name, pod.uid, 0, "preempted"))
+                take(pod, pod.disruption or f"ExitCode{pod.exit_code}", 0, "preempted")
             else:
                 failures.append(pod)
         elif pod.node is not None and pod.node not in observed.nodes:
-            lost[pod.name] = "NodeLost"
-            deletions.append(Deletion(pod.name, pod.uid, 0, "node gone"))
+            take(pod, "NodeLost", 0, "node gone")
         elif pod.node is not None and evicts(observed.nodes[pod.node], spec):
-            lost[pod.name] = "TaintEviction"
-            deletions.append(Deletion(pod.name, pod.uid, spec.leave_grace_seconds, "being evicted"))
+            take(pod, "TaintEviction", spec.leave_grace_seconds, "being evicted")
         else:
             active.append(pod)
+    counted_failures = [p for p in failures if p.name in recorded]
 
     preemptions = status.preemptions + len(lost)
     restarts = status.restarts
@@ -153,10 +159,11 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
     # --- the end: success, failure, clean-up -------------------------------------------------------
     terminal = phase in TERMINAL_PHASES
     if not terminal and failures:
-        restarts += len(failures)
+        restarts += len(counted_failures)
         details = ", ".join(f"{p.name} exited {p.exit_code}" for p in failures)
         invalid = [p for p in failures if p.exit_code == contract.EXIT_INVALID_CONFIG]
-        events.append(Event("Warning", "WorkerFailed", details))
+        if counted_failures:
+            events.append(Event("Warning", "WorkerFailed", details))
         if invalid or restarts > spec.max_restarts:
             why = "InvalidConfig" if invalid else "TooManyFailures"
             message = (
@@ -221,7 +228,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         active = [p for p in active if p not in victims]
     missing = max(0, target - len(active))
     generation = status.world_generation
-    if not terminal and (lost or failures or stuck or victims or missing):
+    if not terminal and (lost or counted_failures or stuck or victims or missing):
         generation += 1
     creations: list[tuple[int, int]] = []
     index = 0
@@ -313,7 +320,10 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         "worldGeneration": generation,
         "preemptions": preemptions,
         "restarts": restarts,
-        "workerNodes": {p.name: p.node for p in active if p.node},
+        "workerNodes": {
+            **{p.name: p.node or "" for p in active},
+            **{manifests.worker_name(job.name, i): "" for i, _ in creations},
+        },
     }
     for key in ("lastRescale", "progress", "startTime", "completionTime"):
         if key in status.raw:

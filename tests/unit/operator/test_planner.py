@@ -81,6 +81,33 @@ def test_new_job_gets_rendezvous_services_and_workers() -> None:
     assert result.status["phase"] == "Pending"
     assert result.status["desiredReplicas"] == 3
     assert result.status["lastRescale"]["reason"] == "SpecChanged"
+    assert result.status["workerNodes"] == {"j-worker-0": "", "j-worker-1": "", "j-worker-2": ""}
+
+
+def test_created_worker_that_never_appeared_is_not_a_preemption() -> None:
+    """The operator died after writing status and before creating the pod: create it again."""
+    recorded = parse_job_status({"phase": "Pending", "desiredReplicas": 1, "workerNodes": {"j-worker-0": ""}})
+    result = plan(job(lo=1, status=recorded), [], 1)
+    assert result.preemptions == 0
+    assert result.create_workers == ((0, 1),)
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        worker(1, phase="Failed", exit_code=137),
+        worker(1, node="gone-node"),
+        worker(1, phase="Failed", exit_code=1),
+    ],
+    ids=["preempted", "node-gone", "failed"],
+)
+def test_pods_seen_by_a_previous_pass_are_deleted_again_but_not_counted_again(pod: Pod) -> None:
+    """The operator died after writing status (which dropped the pod) and before deleting it."""
+    pods = [worker(0), pod]
+    status = running_status([worker(0)], 2, preemptions=1, restarts=1)
+    result = plan(job(lo=1, status=status), pods, 2)
+    assert [d.name for d in result.delete] == ["j-worker-1"]
+    assert result.status["preemptions"] == 1 and result.status["restarts"] == 1
 
 
 def test_steady_state_plans_nothing() -> None:
