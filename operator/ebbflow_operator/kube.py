@@ -19,84 +19,85 @@ log = logging.getLogger(__name__)
 
 
 class KubeIO:
-    """Reads the cluster and applies plans. `namespaces` empty means every namespace."""
+    """Reads the cluster and applies plans. `namespaces` empty means every namespace.
+
+    Requests go through the client's connection pool and authentication but skip its typed models:
+    validating and building a model for every pod costs more than the API server's own work.
+    """
 
     def __init__(self, api: client.ApiClient, namespaces: Sequence[str] = ()) -> None:
         self.api = api
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
         self.namespaces = tuple(namespaces)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Json | None = None,
+        query: Sequence[tuple[str, str]] = (),
+        content_type: str = "application/json",
+    ) -> Json:
+        """One API call with a JSON body; raises ApiException for any non-2xx answer."""
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        method, url, headers, payload, _ = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list(query),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(method, url, headers, payload)
+        data = response.read()
+        if not 200 <= response.status < 300:
+            raise ApiException(http_resp=response, body=data.decode(errors="replace") if data else None)
+        result: Json = json.loads(data) if data else {}
+        return result
 
     # --- reads --------------------------------------------------------------------------------------
 
-    def _items(self, response: Any) -> list[Json]:
-        items: list[Json] = json.loads(response.data)["items"]
-        return items
+    def _list(self, paths: Sequence[str], selector: str | None = None) -> list[Json]:
+        query = [("labelSelector", selector)] if selector else []
+        return [item for path in paths for item in self._request("GET", path, query=query)["items"]]
+
+    def _scoped(self, suffix: str, prefix: str = "/api/v1") -> list[str]:
+        if not self.namespaces:
+            return [f"{prefix}/{suffix}"]
+        return [f"{prefix}/namespaces/{namespace}/{suffix}" for namespace in self.namespaces]
 
     def list_nodes(self) -> list[Json]:
-        return self._items(self.core.list_node(_preload_content=False))
+        return self._list(["/api/v1/nodes"])
 
     def list_pods(self) -> list[Json]:
         """Every pod in the cluster: capacity needs the other workloads' GPU requests too."""
-        return self._items(self.core.list_pod_for_all_namespaces(_preload_content=False))
+        return self._list(["/api/v1/pods"])
 
     def list_jobs(self) -> list[Json]:
-        args = (contract.API_GROUP, contract.API_VERSION)
-        if not self.namespaces:
-            return self._items(
-                self.custom.list_cluster_custom_object(*args, contract.PLURAL, _preload_content=False)
-            )
-        return [
-            job
-            for namespace in self.namespaces
-            for job in self._items(
-                self.custom.list_namespaced_custom_object(
-                    *args, namespace, contract.PLURAL, _preload_content=False
-                )
-            )
-        ]
+        return self._list(self._scoped(contract.PLURAL, f"/apis/{contract.API_GROUP}/{contract.API_VERSION}"))
 
     def list_services(self) -> list[Json]:
         """Services the operator created (they carry the job label)."""
-        selector = contract.LABEL_JOB_NAME
-        if not self.namespaces:
-            return self._items(
-                self.core.list_service_for_all_namespaces(label_selector=selector, _preload_content=False)
-            )
-        return [
-            service
-            for namespace in self.namespaces
-            for service in self._items(
-                self.core.list_namespaced_service(namespace, label_selector=selector, _preload_content=False)
-            )
-        ]
+        return self._list(self._scoped("services"), selector=contract.LABEL_JOB_NAME)
 
     # --- writes -------------------------------------------------------------------------------------
 
     def create_pod(self, namespace: str, body: Json) -> None:
-        _tolerate(409, self.core.create_namespaced_pod, namespace, body)
+        _tolerate(409, self._request, "POST", f"/api/v1/namespaces/{namespace}/pods", body)
 
     def create_service(self, namespace: str, body: Json) -> None:
-        _tolerate(409, self.core.create_namespaced_service, namespace, body)
+        _tolerate(409, self._request, "POST", f"/api/v1/namespaces/{namespace}/services", body)
 
     def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> None:
         """Deletes exactly the pod observed (uid precondition), never a successor with its name."""
-        body = client.V1DeleteOptions(
-            grace_period_seconds=grace_seconds, preconditions=client.V1Preconditions(uid=uid)
-        )
-        _tolerate((404, 409), self.core.delete_namespaced_pod, name, namespace, body=body)
+        body = {"gracePeriodSeconds": grace_seconds, "preconditions": {"uid": uid}}
+        _tolerate((404, 409), self._request, "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body)
 
     def patch_job_status(self, namespace: str, name: str, patch: Json) -> None:
-        _tolerate(
-            404,
-            self.custom.patch_namespaced_custom_object_status,
-            contract.API_GROUP,
-            contract.API_VERSION,
-            namespace,
-            contract.PLURAL,
-            name,
-            {"status": patch},
+        path = (
+            f"/apis/{contract.API_GROUP}/{contract.API_VERSION}/namespaces/{namespace}/"
+            f"{contract.PLURAL}/{name}/status"
         )
+        _tolerate(404, self._request, "PATCH", path, {"status": patch}, (), "application/merge-patch+json")
 
     def record_event(
         self, namespace: str, name: str, uid: str, type_: str, reason: str, message: str, now: float
@@ -120,15 +121,15 @@ class KubeIO:
             "lastTimestamp": stamp,
             "count": 1,
         }
-        _tolerate(404, self.core.create_namespaced_event, namespace, body)
+        _tolerate(404, self._request, "POST", f"/api/v1/namespaces/{namespace}/events", body)
 
 
-def _tolerate(statuses: int | tuple[int, ...], call: Any, *args: Any, **kwargs: Any) -> None:
+def _tolerate(statuses: int | tuple[int, ...], call: Any, *args: Any) -> None:
     """Calls the API; the given HTTP statuses mean the desired state already holds."""
     accepted = (statuses,) if isinstance(statuses, int) else statuses
     try:
-        call(*args, **kwargs)
+        call(*args)
     except ApiException as error:
         if error.status not in accepted:
             raise
-        log.debug("%s: already done (%s)", getattr(call, "__name__", call), error.status)
+        log.debug("%s %s: already done (%s)", args[0], args[1], error.status)

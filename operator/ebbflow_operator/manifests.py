@@ -91,7 +91,6 @@ def worker_pod(job: Job, index: int, world_generation: int) -> Json:
     spec: Json = template["spec"]
     contract_names = {e["name"] for e in _env(job, world_generation)}
     for container in spec["containers"]:
-        _quantities_as_strings(container)
         kept = [e for e in container.get("env") or [] if e.get("name") not in contract_names]
         container["env"] = kept + _env(job, world_generation)
     spec["restartPolicy"] = "Never"
@@ -118,14 +117,6 @@ def worker_pod(job: Job, index: int, world_generation: int) -> Json:
         },
         "spec": spec,
     }
-
-
-def _quantities_as_strings(container: Json) -> None:
-    """The API accepts `nvidia.com/gpu: 1`; the typed client wants quantities as strings."""
-    resources = container.get("resources") or {}
-    for kind in ("limits", "requests"):
-        if kind in resources:
-            resources[kind] = {name: str(value) for name, value in resources[kind].items()}
 
 
 def rendezvous_pod(job: Job) -> Json:

@@ -75,9 +75,13 @@ def decide(
     movable: list[Pod] = []
     demands: list[Demand] = []
     eligible: dict[JobKey, frozenset[str]] = {}
+    shapes: dict[object, frozenset[str]] = {}  # jobs with the same selector and tolerations share nodes
     for job in jobs:
         workers = [p for p in job_pods[job.key] if p.role == contract.ROLE_WORKER]
-        eligible[job.key] = eligible_nodes(selected, job)
+        shape = (tuple(sorted(job.spec.node_selector.items())), job.spec.tolerations)
+        if shape not in shapes:
+            shapes[shape] = eligible_nodes(selected, job)
+        eligible[job.key] = shapes[shape]
         if _frozen(job, workers):
             continue
         running = [
@@ -173,11 +177,26 @@ class Reconciler:
         return nodes, pods, jobs, {key: frozenset(names) for key, names in services.items()}
 
     def run_pass(self, now: float | None = None) -> PassResult:
+        started = time.monotonic()
         nodes, pods, jobs, services = self.observe()
+        observed = time.monotonic()
         result = decide(
             nodes, pods, jobs, services, time.time() if now is None else now, self.config, self.policy
         )
-        failures = sum(self._pool.map(self._apply, [p for p in result.plans if _has_work(p)]))
+        decided = time.monotonic()
+        work = [p for p in result.plans if _has_work(p)]
+        failures = sum(self._pool.map(self._apply, work))
+        if work:
+            log.info(
+                "pass: %d nodes, %d pods, %d jobs, %d changed; observe %.3fs, decide %.3fs, apply %.3fs",
+                len(nodes),
+                len(pods),
+                len(jobs),
+                len(work),
+                observed - started,
+                decided - observed,
+                time.monotonic() - decided,
+            )
         if failures:
             self.metrics.reconcile_errors.inc(failures)
         self.metrics.gpus.labels("total").set(result.total_gpus)
@@ -215,9 +234,9 @@ class Reconciler:
         for number, step in enumerate(steps):
             try:
                 step()
-            except (ApiException, ValueError) as error:  # ValueError: the client refused the body
+            except ApiException as error:
                 failures += 1
-                message = _describe(error)
+                message = f"{error.status} {error.reason}: {str(error.body)[:512]}"
                 log.warning("%s/%s: write failed: %s", job.namespace, job.name, message)
                 self._event(job, "Warning", "ReconcileError", message, now)
                 if number == 0 and plan.status_patch:
@@ -242,9 +261,3 @@ def _has_work(plan: Plan) -> bool:
         or plan.create_services
         or plan.events
     )
-
-
-def _describe(error: Exception) -> str:
-    if isinstance(error, ApiException):
-        return f"{error.status} {error.reason}: {str(error.body)[:512]}"
-    return str(error)[:512]
