@@ -74,6 +74,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="seconds between passes when no watch event arrives (default 30)",
     )
     parser.add_argument(
+        "--relist-interval",
+        type=float,
+        default=float(_env("RELIST_INTERVAL", "60")),
+        help="seconds between full lists of nodes, pods, jobs and Services; watches keep the "
+        "operator's view current in between (default 60)",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=int(_env("METRICS_PORT", "8080")),
@@ -102,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         node_selector=args.node_selector,
         planner=PlannerConfig(pending_timeout=args.pending_timeout, hold_seconds=args.pending_hold),
         resync_interval=args.resync_interval,
+        relist_interval=args.relist_interval,
     )
     metrics = Metrics()
     if args.metrics_port:
@@ -113,7 +121,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         target=reconciler.run_forever, args=(stop,), name="ebbflow-reconcile", daemon=True
     )
     loop.start()
-    reconciler.trigger()
     try:
         kopf.run(
             standalone=True,

@@ -1,7 +1,5 @@
-"""kopf handlers: watch events only wake the reconcile loop. Thin on purpose: no decisions here.
-
-The Reconciler is handed over in kopf's `memo` (see __main__.py).
-"""
+"""kopf handlers: watch events feed the operator's cache and wake the reconcile loop. Thin on
+purpose: no decisions here. The Reconciler is handed over in kopf's `memo` (see __main__.py)."""
 
 from __future__ import annotations
 
@@ -19,16 +17,25 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 330
 
 
+def _observe(kind: str, event: kopf.RawEvent, memo: kopf.Memo) -> None:
+    memo.reconciler.observe_event(kind, dict(event["object"]), event.get("type") == "DELETED")
+
+
 @kopf.on.event(contract.API_GROUP, contract.API_VERSION, contract.PLURAL)
-def job_changed(memo: kopf.Memo, **_: Any) -> None:
-    memo.reconciler.trigger()
+def job_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _observe("jobs", event, memo)
 
 
 @kopf.on.event("", "v1", "pods", labels={contract.LABEL_JOB_NAME: kopf.PRESENT})
-def pod_changed(memo: kopf.Memo, **_: Any) -> None:
-    memo.reconciler.trigger()
+def pod_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _observe("pods", event, memo)
+
+
+@kopf.on.event("", "v1", "services", labels={contract.LABEL_JOB_NAME: kopf.PRESENT})
+def service_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _observe("services", event, memo)
 
 
 @kopf.on.event("", "v1", "nodes")
-def node_changed(memo: kopf.Memo, **_: Any) -> None:
-    memo.reconciler.trigger()
+def node_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _observe("nodes", event, memo)

@@ -56,48 +56,61 @@ class KubeIO:
 
     # --- reads --------------------------------------------------------------------------------------
 
-    def _list(self, paths: Sequence[str], selector: str | None = None) -> list[Json]:
+    def _list(self, paths: Sequence[str], selector: str | None = None) -> tuple[list[Json], int]:
+        """Items and the (oldest) resourceVersion the lists were taken at."""
         query = [("labelSelector", selector)] if selector else []
-        return [item for path in paths for item in self._request("GET", path, query=query)["items"]]
+        items: list[Json] = []
+        versions = []
+        for path in paths:
+            response = self._request("GET", path, query=query)
+            items += response["items"]
+            versions.append(int(response.get("metadata", {}).get("resourceVersion") or 0))
+        return items, min(versions)
 
     def _scoped(self, suffix: str, prefix: str = "/api/v1") -> list[str]:
         if not self.namespaces:
             return [f"{prefix}/{suffix}"]
         return [f"{prefix}/namespaces/{namespace}/{suffix}" for namespace in self.namespaces]
 
-    def list_nodes(self) -> list[Json]:
+    def list_nodes(self) -> tuple[list[Json], int]:
         return self._list(["/api/v1/nodes"])
 
-    def list_pods(self) -> list[Json]:
+    def list_pods(self) -> tuple[list[Json], int]:
         """Every pod in the cluster: capacity needs the other workloads' GPU requests too."""
         return self._list(["/api/v1/pods"])
 
-    def list_jobs(self) -> list[Json]:
+    def list_jobs(self) -> tuple[list[Json], int]:
         return self._list(self._scoped(contract.PLURAL, f"/apis/{contract.API_GROUP}/{contract.API_VERSION}"))
 
-    def list_services(self) -> list[Json]:
+    def list_services(self) -> tuple[list[Json], int]:
         """Services the operator created (they carry the job label)."""
         return self._list(self._scoped("services"), selector=contract.LABEL_JOB_NAME)
 
     # --- writes -------------------------------------------------------------------------------------
 
-    def create_pod(self, namespace: str, body: Json) -> None:
-        _tolerate(409, self._request, "POST", f"/api/v1/namespaces/{namespace}/pods", body)
+    # Each write returns the object as the API server now has it (None when there was nothing to do),
+    # so the cache learns about it before the watch event arrives.
 
-    def create_service(self, namespace: str, body: Json) -> None:
-        _tolerate(409, self._request, "POST", f"/api/v1/namespaces/{namespace}/services", body)
+    def create_pod(self, namespace: str, body: Json) -> Json | None:
+        return _tolerate(409, self._request, "POST", f"/api/v1/namespaces/{namespace}/pods", body)
 
-    def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> None:
+    def create_service(self, namespace: str, body: Json) -> Json | None:
+        return _tolerate(409, self._request, "POST", f"/api/v1/namespaces/{namespace}/services", body)
+
+    def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> Json | None:
         """Deletes exactly the pod observed (uid precondition), never a successor with its name."""
         body = {"gracePeriodSeconds": grace_seconds, "preconditions": {"uid": uid}}
-        _tolerate((404, 409), self._request, "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body)
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        return _tolerate((404, 409), self._request, "DELETE", path, body)
 
-    def patch_job_status(self, namespace: str, name: str, patch: Json) -> None:
+    def patch_job_status(self, namespace: str, name: str, patch: Json) -> Json | None:
         path = (
             f"/apis/{contract.API_GROUP}/{contract.API_VERSION}/namespaces/{namespace}/"
             f"{contract.PLURAL}/{name}/status"
         )
-        _tolerate(404, self._request, "PATCH", path, {"status": patch}, (), "application/merge-patch+json")
+        return _tolerate(
+            404, self._request, "PATCH", path, {"status": patch}, (), "application/merge-patch+json"
+        )
 
     def record_event(
         self, namespace: str, name: str, uid: str, type_: str, reason: str, message: str, now: float
@@ -124,12 +137,14 @@ class KubeIO:
         _tolerate(404, self._request, "POST", f"/api/v1/namespaces/{namespace}/events", body)
 
 
-def _tolerate(statuses: int | tuple[int, ...], call: Any, *args: Any) -> None:
+def _tolerate(statuses: int | tuple[int, ...], call: Any, *args: Any) -> Json | None:
     """Calls the API; the given HTTP statuses mean the desired state already holds."""
     accepted = (statuses,) if isinstance(statuses, int) else statuses
     try:
-        call(*args)
+        result: Json = call(*args)
     except ApiException as error:
         if error.status not in accepted:
             raise
         log.debug("%s %s: already done (%s)", args[0], args[1], error.status)
+        return None
+    return result

@@ -17,16 +17,18 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from ebbflow_trainer import contract
 from kubernetes.client.exceptions import ApiException
 
 from . import manifests
 from .allocator import Demand, Policy, PriorityFairShare
+from .cache import Store
 from .capacity import cluster_capacity, eligible_nodes, matches_selector
 from .kube import KubeIO
 from .metrics import Metrics
-from .model import Job, JobKey, Node, Pod, parse_job, parse_node, parse_pod
+from .model import Job, JobKey, Json, Node, Pod, parse_job, parse_node, parse_pod
 from .planner import TERMINAL_PHASES, Observed, Plan, PlannerConfig, hold_cap, plan_job
 
 log = logging.getLogger(__name__)
@@ -37,7 +39,8 @@ class OperatorConfig:
     namespaces: tuple[str, ...] = ()  # empty: every namespace
     node_selector: Mapping[str, str] = field(default_factory=dict)  # only these nodes are allocated
     planner: PlannerConfig = field(default_factory=PlannerConfig)
-    resync_interval: float = 30.0
+    resync_interval: float = 30.0  # a pass at least this often
+    relist_interval: float = 60.0  # full lists at least this often (the cache is fed by watches)
     debounce: float = 0.05  # gather a burst of watch events into one pass
     write_concurrency: int = 8
 
@@ -132,6 +135,33 @@ class Reconciler:
         self._wake = threading.Event()
         self._first_trigger: float | None = None
         self._pool = ThreadPoolExecutor(config.write_concurrency, thread_name_prefix="ebbflow-write")
+        self.stores: dict[str, Store[Any]] = {
+            "nodes": Store(parse_node),
+            "pods": Store(parse_pod),
+            "jobs": Store(parse_job),
+            "services": Store(_service_key),
+        }
+        self._listed_at = 0.0
+
+    def observe_event(self, kind: str, raw: Json, deleted: bool) -> None:
+        """A watch event (from kopf): remember the object, then wake the loop."""
+        self.stores[kind].apply(raw, deleted)
+        self.trigger()
+
+    def relist(self) -> None:
+        """Full lists of everything into the cache: the first observation, and a periodic check
+        that catches what no event announced (other workloads' pods, events missed while a watch
+        was down)."""
+        lists = {
+            "nodes": self.io.list_nodes,
+            "pods": self.io.list_pods,
+            "jobs": self.io.list_jobs,
+            "services": self.io.list_services,
+        }
+        for kind, call in lists.items():
+            items, version = call()
+            self.stores[kind].replace(items, version)
+        self._listed_at = time.monotonic()
 
     def trigger(self) -> None:
         """Something changed; thread-safe, cheap, called for every watch event."""
@@ -149,6 +179,8 @@ class Reconciler:
             started = self._first_trigger or time.monotonic()
             self._first_trigger = None
             try:
+                if time.monotonic() - self._listed_at > self.config.relist_interval:
+                    self.relist()
                 self.run_pass()
             except Exception:
                 self.metrics.reconcile_errors.inc()
@@ -160,21 +192,15 @@ class Reconciler:
         self._pool.shutdown(wait=True)
 
     def observe(self) -> tuple[list[Node], list[Pod], list[Job], dict[JobKey, frozenset[str]]]:
-        nodes = [parse_node(raw) for raw in self.io.list_nodes()]
-        pods = [parse_pod(raw) for raw in self.io.list_pods()]
-        jobs = []
-        for raw in self.io.list_jobs():
-            try:
-                jobs.append(parse_job(raw))
-            except (KeyError, TypeError, ValueError):
-                log.exception("skipping unreadable job %s", raw.get("metadata", {}).get("name"))
         services: dict[JobKey, set[str]] = defaultdict(set)
-        for raw in self.io.list_services():
-            metadata = raw["metadata"]
-            services[(metadata["namespace"], metadata["labels"][contract.LABEL_JOB_NAME])].add(
-                metadata["name"]
-            )
-        return nodes, pods, jobs, {key: frozenset(names) for key, names in services.items()}
+        for key, name in self.stores["services"].values():
+            services[key].add(name)
+        return (
+            self.stores["nodes"].values(),
+            self.stores["pods"].values(),
+            self.stores["jobs"].values(),
+            {key: frozenset(names) for key, names in services.items()},
+        )
 
     def run_pass(self, now: float | None = None) -> PassResult:
         started = time.monotonic()
@@ -219,21 +245,25 @@ class Reconciler:
         """
         job, io, now = plan.job, self.io, time.time()
         ns = job.namespace
-        steps: list[Callable[[], None]] = []
+        pods, jobs, services = self.stores["pods"], self.stores["jobs"], self.stores["services"]
+        steps: list[tuple[Callable[[], Json | None], Store[Any]]] = []
         if plan.status_patch:
-            steps.append(partial(io.patch_job_status, ns, job.name, plan.status_patch))
-        steps += [partial(io.delete_pod, ns, d.name, d.uid, d.grace_seconds) for d in plan.delete]
+            steps.append((partial(io.patch_job_status, ns, job.name, plan.status_patch), jobs))
+        steps += [(partial(io.delete_pod, ns, d.name, d.uid, d.grace_seconds), pods) for d in plan.delete]
         if plan.create_rendezvous_pod:
-            steps.append(partial(io.create_pod, ns, manifests.rendezvous_pod(job)))
+            steps.append((partial(io.create_pod, ns, manifests.rendezvous_pod(job)), pods))
         for name in plan.create_services:
             rendezvous = name == manifests.rendezvous_name(job.name)
             body = manifests.rendezvous_service(job) if rendezvous else manifests.headless_service(job)
-            steps.append(partial(io.create_service, ns, body))
-        steps += [partial(io.create_pod, ns, manifests.worker_pod(job, i, g)) for i, g in plan.create_workers]
+            steps.append((partial(io.create_service, ns, body), services))
+        steps += [
+            (partial(io.create_pod, ns, manifests.worker_pod(job, i, g)), pods)
+            for i, g in plan.create_workers
+        ]
         failures = 0
-        for number, step in enumerate(steps):
+        for number, (step, store) in enumerate(steps):
             try:
-                step()
+                answer = step()
             except ApiException as error:
                 failures += 1
                 message = f"{error.status} {error.reason}: {str(error.body)[:512]}"
@@ -241,6 +271,9 @@ class Reconciler:
                 self._event(job, "Warning", "ReconcileError", message, now)
                 if number == 0 and plan.status_patch:
                     return failures
+                continue
+            if answer and answer.get("kind") != "Status":
+                store.apply(answer)
         for event in plan.events:
             self._event(job, event.type, event.reason, event.message, now)
         return failures
@@ -250,6 +283,11 @@ class Reconciler:
             self.io.record_event(job.namespace, job.name, job.uid, type_, reason, message, now)
         except ApiException as error:
             log.warning("%s/%s: event not recorded: %s", job.namespace, job.name, error.status)
+
+
+def _service_key(raw: Json) -> tuple[JobKey, str]:
+    metadata = raw["metadata"]
+    return (metadata["namespace"], metadata["labels"][contract.LABEL_JOB_NAME]), metadata["name"]
 
 
 def _has_work(plan: Plan) -> bool:

@@ -1,0 +1,92 @@
+"""What the operator has observed of the cluster: the latest version of every node, pod, job and
+Service it has seen, fed by watch events, by the answers to its own writes, and by periodic full
+lists (an informer, as controller-runtime keeps one).
+
+Passes read it instead of listing the cluster every time: listing 2000 pods costs seconds on a
+small control plane. Versions are ordered by resourceVersion (etcd revisions), so a late event or
+a list taken before a write never overwrites something newer, and a full list never resurrects an
+object deleted while it was being taken.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from .model import Json
+
+T = TypeVar("T")
+
+
+def _version(raw: Json) -> int:
+    try:
+        return int(raw.get("metadata", {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def _key(raw: Json) -> str:
+    metadata = raw.get("metadata", {})
+    return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+
+
+@dataclass(frozen=True)
+class _Entry(Generic[T]):
+    version: int
+    value: T
+
+
+class Store(Generic[T]):
+    """One kind of object, parsed once when it arrives. Thread-safe."""
+
+    def __init__(self, parse: Callable[[Json], T]) -> None:
+        self._parse = parse
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry[T]] = {}
+        self._deleted: dict[str, int] = {}  # key -> version of the deletion (tombstones)
+
+    def apply(self, raw: Json, deleted: bool = False) -> None:
+        """An event or a write's answer: kept unless something newer is already known."""
+        key, version = _key(raw), _version(raw)
+        with self._lock:
+            current = self._entries.get(key)
+            if current is not None and current.version > version:
+                return
+            if deleted:
+                self._entries.pop(key, None)
+                self._deleted[key] = max(version, self._deleted.get(key, 0))
+                return
+            if self._deleted.get(key, -1) >= version:
+                return
+            try:
+                value = self._parse(raw)
+            except (KeyError, TypeError, ValueError):
+                return  # unreadable (e.g. a job from a newer schema): ignored like an unknown kind
+            self._entries[key] = _Entry(version, value)
+
+    def replace(self, items: Iterable[Json], list_version: int) -> None:
+        """A full list taken at `list_version`; newer events that arrived meanwhile win."""
+        listed: dict[str, _Entry[T]] = {}
+        for raw in items:
+            try:
+                listed[_key(raw)] = _Entry(_version(raw), self._parse(raw))
+            except (KeyError, TypeError, ValueError):
+                continue
+        with self._lock:
+            merged = {}
+            for key, entry in listed.items():
+                if self._deleted.get(key, -1) > entry.version:
+                    continue  # deleted after the list was taken
+                current = self._entries.get(key)
+                merged[key] = current if current is not None and current.version > entry.version else entry
+            for key, entry in self._entries.items():
+                if key not in listed and entry.version > list_version:
+                    merged[key] = entry  # created after the list was taken
+            self._entries = merged
+            self._deleted = {k: v for k, v in self._deleted.items() if v > list_version}
+
+    def values(self) -> list[T]:
+        with self._lock:
+            return [entry.value for entry in self._entries.values()]
