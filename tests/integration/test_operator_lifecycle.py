@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from ebbflow_operator.devcluster.controlplane import ControlPlane
-from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, fail_pod, preempt_node, wait_for
+from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, drain_node, fail_pod, preempt_node, wait_for
 from ebbflow_trainer import contract
 from kubernetes.client.exceptions import ApiException
 
@@ -114,6 +114,22 @@ def test_preempted_node_shrinks_the_job_which_keeps_running_and_grows_back(
     wait_for(lambda: settled(kube, namespace, "elastic", 12), SETTLE, "job grown back to 12")
     assert status(kube, namespace, "elastic")["lastRescale"]["reason"] == "CapacityFreed"
     assert status(kube, namespace, "elastic")["worldGeneration"] >= 3
+
+
+def test_drained_node_is_a_preemption_and_the_job_moves_to_the_other_nodes(
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
+) -> None:
+    gpu_nodes.add(2)
+    create_job(kube, namespace, job_manifest("drained", 1, 4, gpu_nodes.selector))
+    wait_for(lambda: settled(kube, namespace, "drained", 4), SETTLE, "4 workers")
+    first = workers(kube, namespace, "drained")[0].spec.node_name
+    on_first = [p for p in workers(kube, namespace, "drained") if p.spec.node_name == first]
+
+    drain_node(kube.core, first)  # cordon + Eviction API
+    wait_for(lambda: settled(kube, namespace, "drained", 4), SETTLE, "back at 4 workers")
+    assert all(p.spec.node_name != first for p in workers(kube, namespace, "drained"))
+    current = status(kube, namespace, "drained")
+    assert current["preemptions"] == len(on_first) and current["restarts"] == 0
 
 
 def test_added_nodes_grow_the_job_to_max(

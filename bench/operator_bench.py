@@ -1,0 +1,313 @@
+"""Operator benchmark on the local control plane (real API machinery, KWOK nodes).
+
+1. 100 jobs (min 2, max 24, 1 GPU per worker) on 500 nodes x 4 time-sliced GPUs (2000 GPUs):
+   time to converge, then decision latency from a node's deletion to the resize applied, p50/p95:
+   the clock stops when no pod is left on the deleted node and every job's status agrees with its
+   pods (desiredReplicas == live workers == readyReplicas), i.e. pods deleted/created, status written.
+2. 500 jobs (min 1, max 4) submitted at once on the same nodes: time until all are Running at 4.
+3. The operator's peak RSS (VmHWM) over the whole run.
+
+    .venv/bin/python bench/operator_bench.py [--nodes 500] [--jobs 100] [--burst 500] [--deletions 20]
+
+Results are printed and written to bench/results/operator.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ebbflow_operator.devcluster.controlplane import running_control_plane
+from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, delete_node, wait_for
+from ebbflow_trainer import contract
+from kubernetes import client, config
+
+REPO = Path(__file__).resolve().parents[1]
+GROUP_LABEL = "ebbflow.dev/bench"
+NAMESPACE = "bench"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def raw_list(call: Any, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = json.loads(call(*args, _preload_content=False, **kwargs).data)["items"]
+    return items
+
+
+class Bench:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.apiext = client.ApiextensionsV1Api(api)
+
+    def install(self) -> None:
+        self.apiext.create_custom_resource_definition(
+            yaml.safe_load((REPO / "crds" / "ebbflow.dev_elastictrainingjobs.yaml").read_text())
+        )
+        self.core.create_namespace({"metadata": {"name": NAMESPACE}})
+        wait_for(
+            lambda: self.core.list_namespaced_service_account(NAMESPACE).items, 60, "default ServiceAccount"
+        )
+        time.sleep(2)  # CRD established
+
+    def add_nodes(self, count: int) -> list[str]:
+        template = GpuNodeTemplate(labels={GROUP_LABEL: "yes"})
+        names = [f"bench-gpu-{i}" for i in range(count)]
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda n: self.core.create_node(template.manifest(n)), names))
+
+        def all_ready() -> bool:
+            nodes = raw_list(self.core.list_node, label_selector=GROUP_LABEL)
+            ready = [
+                n
+                for n in nodes
+                if any(
+                    c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", [])
+                )
+                and not any(t["key"].startswith("node.kubernetes.io/") for t in n["spec"].get("taints") or [])
+            ]
+            return len(ready) == count
+
+        wait_for(all_ready, 300, f"{count} nodes Ready", interval=1)
+        return names
+
+    def job(self, name: str, lo: int, hi: int) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
+            "kind": contract.KIND,
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": {"min": lo, "max": hi},
+                "globalBatchSize": 64 * hi,
+                "leaveGraceSeconds": 5,
+                "template": {
+                    "spec": {
+                        "nodeSelector": {GROUP_LABEL: "yes"},
+                        "containers": [
+                            {
+                                "name": "t",
+                                "image": "ebbflow/trainer:bench",
+                                "resources": {"limits": {"nvidia.com/gpu": 1}},
+                            }
+                        ],
+                    }
+                },
+            },
+        }
+
+    def submit(self, prefix: str, count: int, lo: int, hi: int) -> None:
+        def create(i: int) -> None:
+            self.custom.create_namespaced_custom_object(
+                contract.API_GROUP,
+                contract.API_VERSION,
+                NAMESPACE,
+                contract.PLURAL,
+                self.job(f"{prefix}-{i}", lo, hi),
+            )
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(create, range(count)))
+
+    def snapshot(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Jobs and worker pods, listed."""
+        jobs = raw_list(
+            self.custom.list_namespaced_custom_object,
+            contract.API_GROUP,
+            contract.API_VERSION,
+            NAMESPACE,
+            contract.PLURAL,
+        )
+        pods = raw_list(
+            self.core.list_namespaced_pod,
+            NAMESPACE,
+            label_selector=f"{contract.LABEL_ROLE}={contract.ROLE_WORKER}",
+        )
+        return jobs, pods
+
+    def settled(self, expect_total: int, gone_node: str | None = None) -> bool:
+        """Cheap check while timing: no pod left on the deleted node, every job Running with
+        desired == replicas == ready in its status, `expect_total` workers in all."""
+        if gone_node:
+            on_node = raw_list(
+                self.core.list_namespaced_pod, NAMESPACE, field_selector=f"spec.nodeName={gone_node}"
+            )
+            if on_node:
+                return False
+        jobs = raw_list(
+            self.custom.list_namespaced_custom_object,
+            contract.API_GROUP,
+            contract.API_VERSION,
+            NAMESPACE,
+            contract.PLURAL,
+        )
+        total = 0
+        for job in jobs:
+            status = job.get("status") or {}
+            desired = status.get("desiredReplicas")
+            if status.get("phase") != "Running" or not desired == status.get("readyReplicas") == status.get(
+                "replicas"
+            ):
+                return False
+            total += desired
+        return bool(jobs) and total == expect_total
+
+    def consistent(self, expect_total: int) -> bool:
+        """The full check: the jobs' status agrees with the worker pods that actually run."""
+        if not self.settled(expect_total):
+            return False
+        jobs, pods = self.snapshot()
+        live: dict[str, int] = {}
+        for pod in pods:
+            if not pod["metadata"].get("deletionTimestamp") and pod["status"].get("phase") == "Running":
+                name = pod["metadata"]["labels"][contract.LABEL_JOB_NAME]
+                live[name] = live.get(name, 0) + 1
+        return all(job["status"]["desiredReplicas"] == live.get(job["metadata"]["name"], 0) for job in jobs)
+
+    def delete_jobs(self) -> None:
+        self.custom.delete_collection_namespaced_custom_object(
+            contract.API_GROUP, contract.API_VERSION, NAMESPACE, contract.PLURAL
+        )
+        wait_for(lambda: not self.snapshot()[1], 300, "workers garbage-collected", interval=1)
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def scrape(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+def histogram_quantiles(metrics: str) -> dict[str, float]:
+    """p50/p95 upper bounds and the mean of the operator's own decision-latency histogram."""
+    buckets: list[tuple[float, float]] = []
+    total = count = 0.0
+    for line in metrics.splitlines():
+        if line.startswith("ebbflow_decision_latency_seconds_bucket"):
+            bound = line.split('le="')[1].split('"')[0]
+            buckets.append((float(bound), float(line.split()[-1])))
+        elif line.startswith("ebbflow_decision_latency_seconds_sum"):
+            total = float(line.split()[-1])
+        elif line.startswith("ebbflow_decision_latency_seconds_count"):
+            count = float(line.split()[-1])
+    result = {"passes": count, "mean_s": round(total / count, 3) if count else float("nan")}
+    for name, q in (("p50_le_s", 0.5), ("p95_le_s", 0.95)):
+        result[name] = next((bound for bound, seen in buckets if seen >= q * count), float("inf"))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--burst", type=int, default=500)
+    parser.add_argument("--deletions", type=int, default=20)
+    args = parser.parse_args()
+    results: dict[str, Any] = {
+        "nodes": args.nodes,
+        "gpus": args.nodes * 4,
+        "jobs": args.jobs,
+        "burst": args.burst,
+    }
+
+    with running_control_plane() as plane:
+        api = config.new_client_from_config(config_file=str(plane.kubeconfig))
+        bench = Bench(api)
+        bench.install()
+        started = time.monotonic()
+        names = bench.add_nodes(args.nodes)
+        results["node_setup_s"] = round(time.monotonic() - started, 1)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
+        log = (REPO / "bench" / "results").joinpath("operator.log")
+        log.parent.mkdir(exist_ok=True)
+        operator = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ebbflow_operator",
+                "--namespace",
+                NAMESPACE,
+                "--node-selector",
+                f"{GROUP_LABEL}=yes",
+                "--metrics-port",
+                str(port),
+                "--metrics-address",
+                "127.0.0.1",
+                "--log-level",
+                "INFO",
+            ],
+            env=env,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            time.sleep(3)
+            # --- 1. 100 jobs, converge, then node deletions -------------------------------------------
+            total = min(24 * args.jobs, args.nodes * 4)
+            started = time.monotonic()
+            bench.submit("steady", args.jobs, 2, 24)
+            wait_for(lambda: bench.consistent(total), 600, f"{args.jobs} jobs, {total} workers", interval=0.5)
+            results["converge_jobs_s"] = round(time.monotonic() - started, 2)
+            print(f"{args.jobs} jobs converged in {results['converge_jobs_s']} s", flush=True)
+            latencies = []
+            for number, node in enumerate(names[: args.deletions], start=1):
+                time.sleep(1)
+                expected = min(24 * args.jobs, (args.nodes - number) * 4)
+                started = time.monotonic()
+                delete_node(bench.core, node)
+                wait_for(
+                    lambda node=node, expected=expected: bench.settled(expected, gone_node=node),
+                    120,
+                    f"resize after {node}",
+                    interval=0.1,
+                )
+                latencies.append(time.monotonic() - started)
+                wait_for(lambda expected=expected: bench.consistent(expected), 60, "pods agree with status")
+                print(f"deleted {node}: resize applied in {latencies[-1]:.2f} s", flush=True)
+            results["deletion_latency_p50_s"] = round(statistics.median(latencies), 3)
+            results["deletion_latency_p95_s"] = round(percentile(latencies, 0.95), 3)
+            results["deletion_latency_max_s"] = round(max(latencies), 3)
+            results["operator_decision_latency"] = histogram_quantiles(scrape(port))
+
+            # --- 2. 500 jobs at once ------------------------------------------------------------------
+            bench.delete_jobs()
+            total = min(4 * args.burst, (args.nodes - args.deletions) * 4)
+            started = time.monotonic()
+            bench.submit("burst", args.burst, 1, 4)
+            results["burst_submit_s"] = round(time.monotonic() - started, 2)
+            wait_for(lambda: bench.consistent(total), 900, f"{args.burst} jobs, {total} workers", interval=1)
+            results["converge_burst_s"] = round(time.monotonic() - started, 2)
+            print(f"{args.burst} jobs converged in {results['converge_burst_s']} s", flush=True)
+            results["operator_peak_rss_mb"] = round(peak_rss_mb(operator.pid), 1)
+        finally:
+            operator.terminate()
+            operator.wait(30)
+    out = REPO / "bench" / "results" / "operator.json"
+    out.write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
