@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,8 @@ from tests.trainer.trainer_cluster import running_job
 
 
 @pytest.fixture(scope="session")
-def calm_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Final state of a calm one-worker run (V=4, B=32, 200 steps, deterministic).
+def calm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A calm one-worker run (V=4, B=32, 200 steps, deterministic): its final state and progress report.
 
     Deterministic mode makes the result independent of the world size, so this one run is the
     reference for every scenario that changes the world along the way.
@@ -21,4 +22,11 @@ def calm_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     with running_job(root, min_replicas=1, max_replicas=1) as job:
         node = job.start_node()
         assert job.wait_all([node], 180) == [0], job.logs()
-        return job.final_checkpoint()
+        progress = json.loads((job.checkpoint_dir / "progress.json").read_text())
+        return {"final": job.final_checkpoint(), "progress": progress}
+
+
+@pytest.fixture(scope="session")
+def calm_reference(calm_run: dict[str, Any]) -> dict[str, Any]:
+    final: dict[str, Any] = calm_run["final"]
+    return final

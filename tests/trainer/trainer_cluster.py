@@ -166,7 +166,8 @@ class Job:
         journal, log_path = state_dir / "journal.jsonl", self.root / f"{name}.log"
         command = [sys.executable, "-m", "ebbflow_trainer", "run", DIGITS, "--steps", str(self.steps)]
         command += ["--mode", self.mode, "--state-dir", str(state_dir), "--journal", str(journal)]
-        command += ["--last-call-timeout", "2", *self.extra_args, *args]
+        # A longer last call than the default lets all nodes of a busy machine form the first world together.
+        command += ["--last-call-timeout", "3", *self.extra_args, *args]
         log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
         process = subprocess.Popen(
             command,
@@ -180,12 +181,14 @@ class Job:
         return node
 
     def wait_all(self, nodes: list[Node], timeout: float) -> list[int]:
+        """Exit codes of ``nodes``, all within one deadline."""
+        deadline = time.monotonic() + timeout
         codes = []
         for node in nodes:
             try:
-                codes.append(node.process.wait(timeout=max(1.0, timeout)))
+                codes.append(node.process.wait(timeout=max(1.0, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"{node.name} still running; log:\n{self.logs()}") from None
+                raise AssertionError(f"{node.name} still running; log:\n{self.diagnose()}") from None
         return codes
 
     def final_checkpoint(self) -> dict[str, Any]:
@@ -199,6 +202,25 @@ class Job:
             for record in node.events("step"):
                 sizes[record["step"]] = record["world"]
         return sizes
+
+    def dump_stacks(self) -> None:
+        """Make every launcher and worker print its threads' stacks into its log (faulthandler, SIGUSR1)."""
+        for node in self.nodes:
+            for pid in [node.process.pid, *descendants(node.process.pid)]:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGUSR1)
+
+    def diagnose(self) -> str:
+        """Logs with every live process's stacks, for a scenario that did not finish in time."""
+        self.dump_stacks()
+        live = [n for n in self.nodes if n.process.poll() is None]
+        with suppress(AssertionError):
+            wait_for(
+                lambda: all("most recent call first" in n.log.read_text(errors="replace") for n in live),
+                10,
+                "",
+            )
+        return self.logs(tail=12000)
 
     def logs(self, tail: int = 4000) -> str:
         parts = []

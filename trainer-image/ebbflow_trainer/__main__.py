@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--last-call-timeout", type=float, default=1.0, help="wait for more nodes once min have joined"
     )
-    run.add_argument("--keep-alive-interval", type=float, default=0.5, help="rendezvous heartbeat period (s)")
+    run.add_argument("--keep-alive-interval", type=float, default=1.0, help="rendezvous heartbeat period (s)")
     run.add_argument(
         "--keep-alive-max-attempt", type=int, default=3, help="missed heartbeats before a node is dead"
     )

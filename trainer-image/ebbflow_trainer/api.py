@@ -26,6 +26,7 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Protocol
 
 import torch
@@ -55,24 +56,28 @@ class TrainingSpec:
         return self.collate_fn([self.dataset[int(i)] for i in indices])
 
 
+def import_script(reference: str) -> ModuleType:
+    """The module of ``path/to/script.py[:function]`` or ``package.module[:function]``, executed."""
+    target = reference.partition(":")[0]
+    if not target.endswith(".py"):
+        return importlib.import_module(target)
+    path = Path(target)
+    if not path.is_file():
+        raise FileNotFoundError(f"training script {target!r} does not exist")
+    module_spec = importlib.util.spec_from_file_location(f"ebbflow_user_{path.stem}", path)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot import training script {target!r}")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
 def load_spec(reference: str) -> TrainingSpec:
     """Import ``script.py[:function]`` or ``package.module[:function]`` and call it (default ``build``)."""
-    target, _, function = reference.partition(":")
-    function = function or "build"
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_file():
-            raise FileNotFoundError(f"training script {target!r} does not exist")
-        module_spec = importlib.util.spec_from_file_location(f"ebbflow_user_{path.stem}", path)
-        if module_spec is None or module_spec.loader is None:
-            raise ImportError(f"cannot import training script {target!r}")
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    factory = getattr(module, function, None)
+    function = reference.partition(":")[2] or "build"
+    factory = getattr(import_script(reference), function, None)
     if not callable(factory):
-        raise AttributeError(f"{target!r} defines no function {function!r} returning a TrainingSpec")
+        raise AttributeError(f"{reference!r} defines no function {function!r} returning a TrainingSpec")
     spec = factory()
     if not isinstance(spec, TrainingSpec):
         raise TypeError(f"{reference!r} returned {type(spec).__name__}, not a TrainingSpec")

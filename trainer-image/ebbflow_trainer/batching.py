@@ -49,7 +49,7 @@ class DynamicBatchingController:
     the assignment changes, so a reassignment never has to wait for fresh measurements.
     """
 
-    def __init__(self, virtual_nodes: int, world_size: int, *, dead_band: float, smoothing: float = 0.5):
+    def __init__(self, virtual_nodes: int, world_size: int, *, dead_band: float, smoothing: float = 0.3):
         self.virtual_nodes = virtual_nodes
         self.dead_band = dead_band
         self.smoothing = smoothing

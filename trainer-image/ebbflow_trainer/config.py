@@ -53,7 +53,7 @@ class TrainerConfig:
     # Rendezvous and failure-detection timeouts: short, so a re-formed world trains again in seconds.
     join_timeout: float = 600.0
     last_call_timeout: float = 1.0
-    keep_alive_interval: float = 0.5
+    keep_alive_interval: float = 1.0
     keep_alive_max_attempt: int = 3
     store_timeout: float = 60.0
     collective_timeout: float = 60.0

@@ -10,10 +10,10 @@ step, hands its state over and exits 0, and the agent exits 0 once the worker ha
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
-import sys
 from pathlib import Path
 
 from ebbflow_trainer import contract
@@ -25,37 +25,54 @@ LEFT_MARKER = "left"
 
 def run(config: TrainerConfig) -> int:
     """Run the elastic agent until training finishes, this pod leaves, or restarts run out."""
+    import multiprocessing
+
     from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 
+    from ebbflow_trainer.preload import ENV_PRELOAD_SCRIPT
     from ebbflow_trainer.rendezvous import GenerationRendezvousHandler
+    from ebbflow_trainer.worker import run_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.INFO)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Workers bootstrap from the rendezvous store; no agent needs to host a store of its own.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     # One worker per pod: ranks follow the agents' ranks without an extra store round-trip.
     os.environ["TORCH_ELASTIC_WORKER_IDENTICAL"] = "1"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Workers are forked from a forkserver that has already imported torch and the script.
+    os.environ[ENV_PRELOAD_SCRIPT] = config.spec
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["ebbflow_trainer.preload"])
 
     state_dir = Path(config.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     left_marker = state_dir / LEFT_MARKER
     left_marker.unlink(missing_ok=True)
 
+    handler = GenerationRendezvousHandler(config)
     spec = WorkerSpec(
         role="trainer",
         local_world_size=1,
-        rdzv_handler=GenerationRendezvousHandler(config),
-        entrypoint=sys.executable,
-        args=("-u", "-m", "ebbflow_trainer.worker", config.to_json()),
+        rdzv_handler=handler,
+        entrypoint=run_worker,
+        args=(config.to_json(), 0),
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
     )
+
+    def start_generation(generation: int) -> None:
+        """The agent reads ``spec.args`` when it starts a world's workers, right after the round."""
+        spec.args = (config.to_json(), generation)
+        left_marker.unlink(missing_ok=True)
+
+    handler.on_generation = start_generation
     agent = LocalElasticAgent(
         spec,
         logs_specs=DefaultLogsSpecs(),
-        start_method="spawn",
+        start_method="forkserver",
         exit_barrier_timeout=config.collective_timeout,
         # The worker gets the pod's grace period, less a margin for the agent to exit.
         shutdown_timeout=max(1, config.leave_grace_seconds - 5),
@@ -63,6 +80,7 @@ def run(config: TrainerConfig) -> int:
     try:
         result = agent.run()
     except SignalException as signalled:
+        handler.leave()
         if signalled.sigval == signal.SIGTERM and left_marker.exists():
             return contract.EXIT_SUCCESS
         return 128 + int(signalled.sigval)

@@ -9,9 +9,12 @@ that the agents of one rendezvous round agree on.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -27,8 +30,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 
 from ebbflow_trainer.config import TrainerConfig
 
-# Set in the agent's environment before it starts a world's workers; workers inherit it.
-ENV_GENERATION = "EBBFLOW_TRAINER_GENERATION"
+log = logging.getLogger(__name__)
 _GENERATION_COUNTER = "ebbflow/generation-counter"
 _ROUND_GENERATION = "ebbflow/generation"
 
@@ -68,6 +70,8 @@ class GenerationRendezvousHandler(RendezvousHandler):
     """Torch's dynamic c10d rendezvous, plus a job-wide generation number for every completed round."""
 
     def __init__(self, config: TrainerConfig):
+        # Called with each completed round's generation, before the agent starts that world's workers.
+        self.on_generation: Callable[[int], None] = lambda generation: None
         self._store = connect(config, config.store_timeout)
         backend = C10dRendezvousBackend(self._store, config.rdzv_id)
         self._delegate = DynamicRendezvousHandler.from_backend(
@@ -95,8 +99,24 @@ class GenerationRendezvousHandler(RendezvousHandler):
         if info.rank == 0:
             generation = self._store.add(_GENERATION_COUNTER, 1)
             round_store.set(_ROUND_GENERATION, str(generation))
-        os.environ[ENV_GENERATION] = round_store.get(_ROUND_GENERATION).decode()
+        self.on_generation(int(round_store.get(_ROUND_GENERATION).decode()))
         return RendezvousInfo(round_store, info.rank, info.world_size, self._bootstrap)
+
+    def leave(self) -> None:
+        """Drop this node from the rendezvous now, so the others need not wait for its heartbeats to expire.
+
+        Torch has no public call for this (``shutdown`` closes the rendezvous for everyone), so this
+        uses the handler's own exit operation; if torch's internals change it only logs, and the others
+        notice the departure after ``keep_alive_interval * keep_alive_max_attempt`` as before.
+        """
+        try:
+            from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+            self._delegate._stop_heartbeats()
+            exit_op = dynamic_rendezvous._RendezvousExitOp()
+            self._delegate._op_executor.run(exit_op, time.monotonic() + 10)
+        except Exception as error:  # best effort by design, see the docstring
+            log.warning("could not leave the rendezvous early (%s); peers wait for heartbeat expiry", error)
 
     def get_backend(self) -> str:
         return str(self._delegate.get_backend())

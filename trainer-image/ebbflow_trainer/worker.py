@@ -1,4 +1,4 @@
-"""The training process the elastic agent starts for one world (``python -m ebbflow_trainer.worker``).
+"""The training process the elastic agent starts for one world (forked warm, see :mod:`.preload`).
 
 Life of a worker: bootstrap a gloo process group from the rendezvous store under the world's
 generation; agree on the freshest state (survivors bring theirs from node-local memory, newcomers
@@ -12,6 +12,7 @@ or died); the agent treats it as a failure and restarts the worker in the next r
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ from ebbflow_trainer.batching import DynamicBatchingController
 from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.engine import VirtualNodeEngine
 from ebbflow_trainer.launcher import LEFT_MARKER
-from ebbflow_trainer.rendezvous import ENV_GENERATION, connect, generation_store
+from ebbflow_trainer.rendezvous import connect, generation_store
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
 
 EXIT_REFORM = 75
@@ -280,17 +281,29 @@ class Worker:
         self.journal.write("checkpoint", step=self.step)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    config = TrainerConfig.from_json(args[0])
+def run_worker(config_json: str, generation: int) -> int:
+    """The agent's entrypoint, called in a process forked for one world (RANK, WORLD_SIZE in the env).
+
+    Returning hands the exit code to the agent through its result queue, which only a finished run
+    should do; every other outcome exits the process at once, so the agent sees the code immediately
+    and nothing waits on interpreter teardown.
+    """
+    config = TrainerConfig.from_json(config_json)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # `kill -USR1 <pid>` prints every thread's stack: the first thing to look at when a world hangs.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     torch.set_num_threads(1)
     leave = LeaveSignal()
-    world = World(
-        rank=int(os.environ["RANK"]),
-        size=int(os.environ["WORLD_SIZE"]),
-        generation=int(os.environ[ENV_GENERATION]),
-    )
+    world = World(rank=int(os.environ["RANK"]), size=int(os.environ["WORLD_SIZE"]), generation=generation)
+    code = _run(config, world, leave)
+    if code == contract.EXIT_SUCCESS and not leave.requested:
+        return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run(config: TrainerConfig, world: World, leave: LeaveSignal) -> int:
     Path(config.state_dir).mkdir(parents=True, exist_ok=True)
     try:
         worker = Worker(config, world, leave)
@@ -311,14 +324,3 @@ def main(argv: list[str] | None = None) -> int:
     except LeaveNow:
         (Path(config.state_dir) / LEFT_MARKER).touch()
         return contract.EXIT_SUCCESS
-
-
-def _exit_now(code: int) -> None:
-    """Exit without interpreter teardown: the state is on disk and every second here delays the next world."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    _exit_now(main())

@@ -1,0 +1,167 @@
+"""Rescale pause of the Ebbflow trainer against stock torchrun, measured in the same run.
+
+Scenario (both sides): three nodes, nnodes 2:3, c10d rendezvous, gloo on CPU, ~40 ms per step;
+once all three train, one node's whole process tree is killed (SIGKILL, as a pod deletion past its
+grace period), or its main process gets SIGTERM. The pause is the gap between the last step completed
+before the change and the first step completed after it, seen by a survivor.
+
+Stock torchrun hosts the c10d store in the first agent, so the baseline never kills that node.
+
+    .venv/bin/python bench/trainer_rescale.py [--scenario sigkill|sigterm] [--repeats 1]
+
+Prints one JSON line per measurement and the ratio stock / Ebbflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from itertools import pairwise
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.trainer.trainer_cluster import Node, running_job, wait_for  # noqa: E402
+
+STEP_SECONDS = 0.04
+
+# A minimal torchrun training script: one all-reduce per step, a journal line per completed step.
+BASELINE_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch, torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    journal = open(sys.argv[1], "a", buffering=1)
+    step = 0
+    while step < 100000:
+        time.sleep(STEP_SECONDS)
+        tensor = torch.ones(1000)
+        dist.all_reduce(tensor)
+        step += 1
+        journal.write(json.dumps({"event": "step", "step": step, "world": dist.get_world_size(),
+                                  "rank": dist.get_rank(), "time": time.time()}) + "\\n")
+    """
+).replace("STEP_SECONDS", str(STEP_SECONDS))
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _pause(survivor_journal: Path, changed_at: float) -> float:
+    """The longest gap between consecutive completed steps around the change."""
+    times = sorted(
+        json.loads(line)["time"] for line in survivor_journal.read_text().splitlines() if line.strip()
+    )
+    window = [t for t in times if t >= changed_at - 1.0]
+    return max(later - earlier for earlier, later in pairwise(window))
+
+
+def _trained_after(journal: Path, world: int, moment: float) -> bool:
+    lines = (
+        [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
+        if journal.exists()
+        else []
+    )
+    return any(r["world"] == world and r["time"] > moment for r in lines)
+
+
+def _last_world(journal: Path) -> int:
+    lines = [line for line in journal.read_text().splitlines() if line.strip()] if journal.exists() else []
+    return json.loads(lines[-1])["world"] if lines else 0
+
+
+def measure_ebbflow(scenario: str, root: Path) -> float:
+    # Production defaults (the test harness lengthens the last call for busy CI machines).
+    args = ["--simulated-vnode-seconds", str(STEP_SECONDS / 2), "--last-call-timeout", "1"]
+    with running_job(root, min_replicas=2, max_replicas=3, steps=100000, extra_args=args) as job:
+        nodes = [job.start_node() for _ in range(3)]
+        wait_for(lambda: all((n.last_step() or {}).get("world") == 3 for n in nodes), 300, "world of 3")
+        victim = next(n for n in nodes if (n.last_step() or {}).get("rank") == 1)
+        survivor = next(n for n in nodes if n is not victim)
+        changed_at = time.time()
+        victim.kill_tree() if scenario == "sigkill" else victim.terminate()
+        wait_for(lambda: _trained_after(survivor.journal, 2, changed_at), 300, "a step at world size 2")
+        return _pause(survivor.journal, changed_at)
+
+
+def measure_torchrun(scenario: str, root: Path) -> float:
+    script = root / "baseline.py"
+    script.write_text(BASELINE_SCRIPT)
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes: list[Node] = []
+    for index in range(3):
+        journal = root / f"baseline{index}.jsonl"
+        log = open(root / f"baseline{index}.log", "wb")  # noqa: SIM115 - closed with the process
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2:3", "--nproc-per-node", "1"]
+        command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench"]
+        command += ["--max-restarts", "100", str(script), str(journal)]
+        process = subprocess.Popen(
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        nodes.append(Node(f"baseline{index}", process, root, journal, root / f"baseline{index}.log"))
+        if index == 0:  # the first agent hosts the store; the others dial it
+            wait_for(lambda: _listening(port), 120, "the first agent's store")
+    try:
+        wait_for(lambda: all(_last_world(n.journal) == 3 for n in nodes), 300, "stock world of 3")
+        victim, survivor = nodes[2], nodes[1]  # nodes[0] hosts the store
+        changed_at = time.time()
+        if scenario == "sigkill":
+            victim.kill_tree()
+        else:
+            victim.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: _trained_after(survivor.journal, 2, changed_at), 300, "a stock step at world size 2")
+        return _pause(survivor.journal, changed_at)
+    finally:
+        for node in nodes:
+            if node.process.poll() is None:
+                node.kill_tree()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--scenario", choices=("sigkill", "sigterm"), default="sigkill")
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args()
+    results: dict[str, list[float]] = {"ebbflow": [], "torchrun": []}
+    for repeat in range(args.repeats):
+        for name, measure in (("ebbflow", measure_ebbflow), ("torchrun", measure_torchrun)):
+            with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as root:
+                pause = measure(args.scenario, Path(root))
+            results[name].append(pause)
+            print(json.dumps({"system": name, "scenario": args.scenario, "repeat": repeat, "pause_s": pause}))
+    ebbflow, stock = min(results["ebbflow"]), min(results["torchrun"])
+    print(
+        json.dumps(
+            {
+                "scenario": args.scenario,
+                "best_pause_s": {"ebbflow": ebbflow, "torchrun": stock},
+                "torchrun_over_ebbflow": stock / ebbflow,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
