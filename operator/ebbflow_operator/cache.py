@@ -32,9 +32,14 @@ def _key(raw: Json) -> str:
     return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
 
 
+def _uid(raw: Json) -> str:
+    return str(raw.get("metadata", {}).get("uid") or _key(raw))
+
+
 @dataclass(frozen=True)
 class _Entry(Generic[T]):
     version: int
+    uid: str
     value: T
 
 
@@ -45,47 +50,59 @@ class Store(Generic[T]):
         self._parse = parse
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry[T]] = {}
-        self._deleted: dict[str, int] = {}  # key -> version of the deletion (tombstones)
+        self._deleted: dict[str, int] = {}  # uid -> version of the deletion (tombstones)
 
     def apply(self, raw: Json, deleted: bool = False) -> None:
-        """An event or a write's answer: kept unless something newer is already known."""
-        key, version = _key(raw), _version(raw)
+        """An event or a write's answer: kept unless something newer is already known.
+
+        A deletion is final for that object (uid), whatever versions arrive after it.
+        """
+        key, version, uid = _key(raw), _version(raw), _uid(raw)
         with self._lock:
             current = self._entries.get(key)
-            if current is not None and current.version > version:
-                return
             if deleted:
-                self._entries.pop(key, None)
-                self._deleted[key] = max(version, self._deleted.get(key, 0))
+                if current is not None and (current.uid == uid or current.version <= version):
+                    del self._entries[key]
+                self._deleted[uid] = max(version, self._deleted.get(uid, 0))
                 return
-            if self._deleted.get(key, -1) >= version:
+            if uid in self._deleted or (current is not None and current.version > version):
                 return
             try:
                 value = self._parse(raw)
             except (KeyError, TypeError, ValueError):
                 return  # unreadable (e.g. a job from a newer schema): ignored like an unknown kind
-            self._entries[key] = _Entry(version, value)
+            self._entries[key] = _Entry(version, uid, value)
 
-    def replace(self, items: Iterable[Json], list_version: int) -> None:
-        """A full list taken at `list_version`; newer events that arrived meanwhile win."""
+    def replace(self, items: Iterable[Json], list_version: int) -> list[str]:
+        """A full list taken at `list_version`; newer events that arrived meanwhile win.
+
+        Returns the keys the watches had not told about (new, changed or gone): drift.
+        """
         listed: dict[str, _Entry[T]] = {}
         for raw in items:
             try:
-                listed[_key(raw)] = _Entry(_version(raw), self._parse(raw))
+                listed[_key(raw)] = _Entry(_version(raw), _uid(raw), self._parse(raw))
             except (KeyError, TypeError, ValueError):
                 continue
         with self._lock:
             merged = {}
             for key, entry in listed.items():
-                if self._deleted.get(key, -1) > entry.version:
+                if entry.uid in self._deleted:
                     continue  # deleted after the list was taken
                 current = self._entries.get(key)
                 merged[key] = current if current is not None and current.version > entry.version else entry
             for key, entry in self._entries.items():
                 if key not in listed and entry.version > list_version:
                     merged[key] = entry  # created after the list was taken
+            drift = sorted(
+                key
+                for key in merged.keys() | self._entries.keys()
+                if (merged[key].version if key in merged else -1)
+                != (self._entries[key].version if key in self._entries else -1)
+            )
             self._entries = merged
             self._deleted = {k: v for k, v in self._deleted.items() if v > list_version}
+        return drift
 
     def values(self) -> list[T]:
         with self._lock:

@@ -160,7 +160,9 @@ class Reconciler:
         }
         for kind, call in lists.items():
             items, version = call()
-            self.stores[kind].replace(items, version)
+            drift = self.stores[kind].replace(items, version)
+            if drift and self._listed_at:
+                log.info("relist: %d %s changed unannounced, e.g. %s", len(drift), kind, drift[:5])
         self._listed_at = time.monotonic()
 
     def trigger(self) -> None:

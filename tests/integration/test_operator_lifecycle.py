@@ -37,22 +37,37 @@ def crd(kube: Kube) -> None:
     install_crd(kube)
 
 
-@pytest.fixture
-def operator(
-    control_plane: ControlPlane, namespace: str, gpu_nodes: GpuNodes, tmp_path: Path
+def _operator(
+    plane: ControlPlane, namespace: str, gpu_nodes: GpuNodes, log: Path, pending_timeout: float
 ) -> Iterator[OperatorProcess]:
     with running_operator(
-        control_plane,
+        plane,
         namespace,
         gpu_nodes.selector,
-        tmp_path / "operator.log",
+        log,
         "--pending-timeout",
-        "4",
+        str(pending_timeout),
         "--pending-hold",
         "120",
     ) as process:
         yield process
         print(process.log())  # shown by pytest when the test failed
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane, namespace: str, gpu_nodes: GpuNodes, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """Pending timeout long enough that a loaded machine's slow scheduling is never mistaken."""
+    yield from _operator(control_plane, namespace, gpu_nodes, tmp_path / "operator.log", 60)
+
+
+@pytest.fixture
+def impatient_operator(
+    control_plane: ControlPlane, namespace: str, gpu_nodes: GpuNodes, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """For the pending-timeout tests: workers unscheduled for 4 s are withdrawn."""
+    yield from _operator(control_plane, namespace, gpu_nodes, tmp_path / "operator.log", 4)
 
 
 def test_job_gets_rendezvous_services_and_workers_on_gpu_nodes(
@@ -171,7 +186,7 @@ def test_higher_priority_gets_its_max_and_the_other_keeps_its_min_or_waits(
 
 
 def test_workers_pending_too_long_are_withdrawn_and_the_job_shrinks(
-    kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, impatient_operator: OperatorProcess
 ) -> None:
     # The allocator counts GPUs; the scheduler also counts CPU: 32 CPUs fit one 20-CPU worker only.
     gpu_nodes.add(1)
@@ -185,7 +200,7 @@ def test_workers_pending_too_long_are_withdrawn_and_the_job_shrinks(
 
 
 def test_job_that_cannot_reach_min_within_the_pending_timeout_waits(
-    kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, impatient_operator: OperatorProcess
 ) -> None:
     gpu_nodes.add(1)
     create_job(kube, namespace, job_manifest("too-fat", 2, 4, gpu_nodes.selector, cpu="20"))

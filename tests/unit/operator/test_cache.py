@@ -9,8 +9,9 @@ import pytest
 from ebbflow_operator.cache import Store
 
 
-def obj(name: str, version: int, **extra: Any) -> dict[str, Any]:
-    return {"metadata": {"namespace": "ns", "name": name, "resourceVersion": str(version)}, **extra}
+def obj(name: str, version: int, uid: str = "") -> dict[str, Any]:
+    metadata = {"namespace": "ns", "name": name, "resourceVersion": str(version), "uid": uid or f"{name}-1"}
+    return {"metadata": metadata}
 
 
 def names(store: Store[dict[str, Any]]) -> dict[str, str]:
@@ -24,7 +25,10 @@ def names(store: Store[dict[str, Any]]) -> dict[str, str]:
         ([("apply", obj("a", 5)), ("apply", obj("a", 3))], {"a": "5"}),
         ([("apply", obj("a", 5)), ("delete", obj("a", 6))], {}),
         ([("delete", obj("a", 6)), ("apply", obj("a", 5))], {}),
-        ([("apply", obj("a", 5)), ("delete", obj("a", 6)), ("apply", obj("a", 9))], {"a": "9"}),
+        ([("apply", obj("a", 5)), ("delete", obj("a", 6)), ("apply", obj("a", 9, "a-2"))], {"a": "9"}),
+        ([("apply", obj("a", 9)), ("delete", obj("a", 6))], {}),
+        ([("delete", obj("a", 6)), ("apply", obj("a", 9))], {}),
+        ([("apply", obj("a", 9, "a-2")), ("delete", obj("a", 6))], {"a": "9"}),
         ([("apply", obj("a", 5)), ("list", ([obj("a", 4), obj("b", 4)], 4))], {"a": "5", "b": "4"}),
         ([("apply", obj("stale", 2)), ("list", ([obj("b", 4)], 4))], {"b": "4"}),
         ([("apply", obj("new", 7)), ("list", ([obj("b", 4)], 4))], {"b": "4", "new": "7"}),
@@ -37,6 +41,9 @@ def names(store: Store[dict[str, Any]]) -> dict[str, str]:
         "delete",
         "late-add-after-delete",
         "recreated",
+        "deletion-is-final-whatever-the-version",
+        "no-resurrection-by-a-late-answer",
+        "deleting-the-old-keeps-the-recreated",
         "list-older-than-event",
         "list-drops-vanished",
         "list-keeps-newer-creation",
