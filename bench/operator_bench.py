@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -24,6 +25,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import yaml
@@ -215,6 +217,11 @@ def histogram_quantiles(metrics: str) -> dict[str, float]:
     return result
 
 
+def interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (e.g. a timeout) still stops the operator and the control plane, and cleans up."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=500)
@@ -222,6 +229,7 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=500)
     parser.add_argument("--deletions", type=int, default=20)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, interrupt)
     results: dict[str, Any] = {
         "nodes": args.nodes,
         "gpus": args.nodes * 4,

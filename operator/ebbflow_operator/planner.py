@@ -245,7 +245,9 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         if cleaning:
             deletions += [Deletion(p.name, p.uid, 0, "job finished") for p in rendezvous]
     else:
-        deletions += [Deletion(p.name, p.uid, 0, "rendezvous ended") for p in rendezvous if p.finished]
+        # Its node gone, a pod is only removed by PodGC after a long quarantine: replace it now.
+        ended = [p for p in rendezvous if p.finished or (p.node is not None and p.node not in observed.nodes)]
+        deletions += [Deletion(p.name, p.uid, 0, "rendezvous ended") for p in ended]
         create_rendezvous = not rendezvous and rdzv_name not in taken
     services = tuple(
         name

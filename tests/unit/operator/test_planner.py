@@ -110,6 +110,23 @@ def test_pods_seen_by_a_previous_pass_are_deleted_again_but_not_counted_again(po
     assert result.status["preemptions"] == 1 and result.status["restarts"] == 1
 
 
+@pytest.mark.parametrize(
+    ("rendezvous", "deleted"),
+    [
+        (RDZV, False),
+        (replace(RDZV, phase="Failed"), True),
+        (replace(RDZV, node="gone-node"), True),
+    ],
+    ids=["running", "ended", "node-gone"],
+)
+def test_rendezvous_pod_is_replaced_when_it_ends_or_loses_its_node(rendezvous: Pod, deleted: bool) -> None:
+    result = plan_job(job(), Observed([rendezvous], SERVICES, NODES, 2, 12), NOW, CONFIG)
+    assert [d.name for d in result.delete] == (["j-rdzv"] if deleted else [])
+    assert not result.create_rendezvous_pod, "created again once the old one is gone"
+    gone = plan_job(job(), Observed([], SERVICES, NODES, 2, 12), NOW, CONFIG)
+    assert gone.create_rendezvous_pod
+
+
 def test_steady_state_plans_nothing() -> None:
     pods = [worker(i, node) for i, node in enumerate(["od-0", "od-1", "spot-0"])]
     first = plan(job(status=running_status(pods, 3)), pods, 3)
