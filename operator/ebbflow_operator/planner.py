@@ -184,7 +184,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
     completing = bool(succeeded) and not terminal
 
     # --- pending timeout -----------------------------------------------------------------------------
-    hold_replicas = status.hold_replicas if status.hold_until and status.hold_until > now else None
+    hold_replicas = hold_cap(job, now)
     hold_until = status.hold_until if hold_replicas is not None else None
     stuck = [p for p in active if p.node is None and now - p.created > config.pending_timeout]
     if stuck and not terminal:
