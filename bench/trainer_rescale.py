@@ -69,27 +69,27 @@ def _listening(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _steps(journal: Path) -> list[dict[str, float]]:
+    if not journal.exists():
+        return []
+    records = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
+    return [r for r in records if r["event"] == "step"]
+
+
 def _pause(survivor_journal: Path, changed_at: float) -> float:
     """The longest gap between consecutive completed steps around the change."""
-    times = sorted(
-        json.loads(line)["time"] for line in survivor_journal.read_text().splitlines() if line.strip()
-    )
+    times = sorted(r["time"] for r in _steps(survivor_journal))
     window = [t for t in times if t >= changed_at - 1.0]
     return max(later - earlier for earlier, later in pairwise(window))
 
 
 def _trained_after(journal: Path, world: int, moment: float) -> bool:
-    lines = (
-        [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
-        if journal.exists()
-        else []
-    )
-    return any(r["world"] == world and r["time"] > moment for r in lines)
+    return any(r["world"] == world and r["time"] > moment for r in _steps(journal))
 
 
-def _last_world(journal: Path) -> int:
-    lines = [line for line in journal.read_text().splitlines() if line.strip()] if journal.exists() else []
-    return json.loads(lines[-1])["world"] if lines else 0
+def _last_world(journal: Path) -> float:
+    steps = _steps(journal)
+    return steps[-1]["world"] if steps else 0
 
 
 def measure_ebbflow(scenario: str, root: Path) -> float:

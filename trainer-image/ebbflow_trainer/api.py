@@ -15,7 +15,8 @@ Example (see ``examples/digits/train.py``)::
         )
 
 ``build`` is called in every worker after seeding torch with the job's seed, so all workers start
-from the same parameters. It must not touch ``torch.distributed``: the trainer owns communication.
+from the same parameters. It must not touch ``torch.distributed`` (the trainer owns communication)
+and must not start threads or processes: it also runs once in the forkserver workers are forked from.
 The loss must be the mean over the batch, so a virtual node's gradient is its samples' mean gradient.
 """
 
