@@ -35,10 +35,6 @@ def set_condition(
     return tuple(sorted(existing.values(), key=lambda c: (order.get(c.type, len(order)), c.type)))
 
 
-def find_condition(conditions: Iterable[Condition], type_: str) -> Condition | None:
-    return next((c for c in conditions if c.type == type_), None)
-
-
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> Json:
     """The RFC 7386 merge patch that turns `old` into `new` (None deletes a key); {} when equal."""
     patch: Json = {}
