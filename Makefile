@@ -14,7 +14,7 @@ INSTALL_STAMP := $(VENV)/.installed
 PYPROJECT := pyproject.toml
 
 .PHONY: help demo install tools cluster-up cluster-down lint typecheck test test-unit test-trainer \
-	test-integration e2e clean
+	test-integration crds bench-operator bench-trainer clean
 
 help: ## List every target with one line.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -60,8 +60,14 @@ test-trainer: install ## Trainer tier: real trainer processes, gloo, torch elast
 test-integration: install tools ## Integration tier: real control plane with KWOK GPU nodes.
 	$(PYTEST) -m integration tests
 
-e2e: install tools ## End-to-end on a kind cluster (needs Docker and internet); see e2e/README.md.
-	$(PYTEST) -m e2e tests
+crds: install ## Regenerate crds/ from the CRD's single source (ebbflow_operator/crd.py).
+	$(PY) -m ebbflow_operator.crd > crds/ebbflow.dev_elastictrainingjobs.yaml
+
+bench-operator: install tools ## Operator benchmark: 100 jobs on 500 fake GPU nodes (about 12 min); see bench/README.md.
+	$(PY) bench/operator_bench.py
+
+bench-trainer: install ## Trainer rescale-pause benchmark against stock torchrun; see bench/README.md.
+	$(PY) bench/trainer_rescale.py
 
 clean: cluster-down ## Remove the venv, built tools in .tools and cluster state (the per-machine tool cache stays).
 	rm -rf $(VENV) .tools .cluster .pytest_cache .mypy_cache .ruff_cache
