@@ -59,9 +59,9 @@ class ClusterCapacity:
 def cluster_capacity(nodes: Iterable[Node], pods: Iterable[Pod], movable: Iterable[Pod]) -> ClusterCapacity:
     """Free GPUs per usable node: allocatable minus what non-movable bound pods hold.
 
-    `movable` are the managed workers whose GPUs the allocator hands out again (running workers of
-    active jobs); every other bound, unfinished pod (other workloads, workers still leaving) keeps
-    its GPUs.
+    `movable` are the managed workers whose GPUs the allocator hands out again (running and leaving
+    workers of active jobs); every other bound, unfinished pod (other workloads, workers of
+    finished jobs) keeps its GPUs.
     """
     movable_uids = {pod.uid for pod in movable}
     usable = {node.name: node.gpus for node in nodes if node_usable(node)}

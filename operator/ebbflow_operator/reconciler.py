@@ -87,12 +87,12 @@ def decide(
         eligible[job.key] = shapes[shape]
         if _frozen(job, workers):
             continue
-        running = [
-            p
-            for p in workers
-            if p.owner_uid == job.uid and p.holds_gpus and not p.deleting and p.node in by_name
-        ]
-        movable += running
+        held = [p for p in workers if p.owner_uid == job.uid and p.holds_gpus and p.node in by_name]
+        running = [p for p in held if not p.deleting]
+        # Workers this job is already giving up are about to free their GPUs: count them as the
+        # job's to hand out, or the next pass sees a transient shortage and takes a lower-priority
+        # job below its minimum (to 0) while its shrink is still in flight.
+        movable += held
         cap = hold_cap(job, now)
         demands.append(
             Demand(

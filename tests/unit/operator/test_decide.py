@@ -1,0 +1,43 @@
+"""One whole pass, pure: observed nodes, pods and jobs in, every job's plan out."""
+
+from __future__ import annotations
+
+from ebbflow_operator.allocator import PriorityFairShare
+from ebbflow_operator.model import Job, JobSpec, JobStatus, Node, Pod
+from ebbflow_operator.reconciler import OperatorConfig, decide
+from ebbflow_trainer import contract
+
+NOW = 1_000_000.0
+
+
+def job(name: str, lo: int, hi: int, priority: int, age: float) -> Job:
+    spec = JobSpec(
+        min_replicas=lo,
+        max_replicas=hi,
+        global_batch_size=64 * hi,
+        virtual_nodes=hi,
+        template={"spec": {"containers": [{"name": "t", "image": "img"}]}},
+        leave_grace_seconds=30,
+        priority=priority,
+    )
+    return Job("ns", name, f"uid-{name}", 1, NOW - age, spec, JobStatus())
+
+
+def worker(owner: Job, index: int, node: str, deleting: bool = False) -> Pod:
+    return Pod(
+        f"{owner.name}-worker-{index}", "ns", f"uid-{owner.name}-{index}", owner.name,
+        contract.ROLE_WORKER, owner.uid, node, "Running", gpus=1, created=NOW - 100,
+        deleting=deleting, ready=True,
+    )  # fmt: skip
+
+
+def test_workers_still_leaving_do_not_push_a_lower_priority_job_below_its_minimum() -> None:
+    """Mid-shrink: low gave 6 of its 8 workers to high; those 6 are still terminating."""
+    nodes = [Node("a", 4), Node("b", 4)]
+    low, high = job("low", 2, 8, priority=0, age=600), job("high", 2, 6, priority=100, age=10)
+    pods = [worker(low, i, "a" if i < 4 else "b", deleting=i >= 2) for i in range(8)]
+    result = decide(nodes, pods, [low, high], {}, NOW, OperatorConfig(), PriorityFairShare())
+    sizes = {plan.job.name: plan.status["desiredReplicas"] for plan in result.plans}
+    assert sizes == {"low": 2, "high": 6}
+    low_plan = next(plan for plan in result.plans if plan.job.name == "low")
+    assert not [d for d in low_plan.delete if d.name in {"low-worker-0", "low-worker-1"}]
