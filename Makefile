@@ -11,7 +11,7 @@ KUBECONFIG_LOCAL := $(CURDIR)/.cluster/kubeconfig
 export PATH := $(TOOLS_BIN):$(PATH)
 # Sources that decide whether the editable install is current.
 INSTALL_STAMP := $(VENV)/.installed
-PYPROJECT := pyproject.toml
+PYPROJECTS := pyproject.toml api/pyproject.toml operator/pyproject.toml trainer-image/pyproject.toml
 
 .PHONY: help demo install tools cluster-up cluster-down lint typecheck test test-unit test-trainer \
 	test-integration crds bench-operator bench-trainer clean
@@ -19,10 +19,10 @@ PYPROJECT := pyproject.toml
 help: ## List every target with one line.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(INSTALL_STAMP): $(PYPROJECT)
+$(INSTALL_STAMP): $(PYPROJECTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[operator,trainer,dev]'
+	$(PY) -m pip install --quiet -e ./api -e ./operator -e ./trainer-image -e '.[dev]'
 	@touch $@
 
 install: $(INSTALL_STAMP) ## Virtualenv in .venv with an editable install and all extras.
@@ -60,8 +60,8 @@ test-trainer: install ## Trainer tier: real trainer processes, gloo, torch elast
 test-integration: install tools ## Integration tier: real control plane with KWOK GPU nodes.
 	$(PYTEST) -m integration tests
 
-crds: install ## Regenerate crds/ from the CRD's single source (ebbflow_operator/crd.py).
-	$(PY) -m ebbflow_operator.crd > crds/ebbflow.dev_elastictrainingjobs.yaml
+crds: install ## Regenerate crds/ from the API models (api/ebbflow_api/models.py).
+	$(PY) -m ebbflow_api.crd > crds/ebbflow.dev_elastictrainingjobs.yaml
 
 bench-operator: install tools ## Operator benchmark: 100 jobs on 500 fake GPU nodes (about 12 min); see bench/README.md.
 	$(PY) bench/operator_bench.py

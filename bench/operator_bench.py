@@ -29,9 +29,9 @@ from types import FrameType
 from typing import Any
 
 import yaml
+from ebbflow_api import contract
 from ebbflow_operator.devcluster.controlplane import running_control_plane
 from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, delete_node, wait_for
-from ebbflow_trainer import contract
 from kubernetes import client, config
 
 REPO = Path(__file__).resolve().parents[1]

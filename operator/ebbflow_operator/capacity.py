@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .model import CONDITION_TAINT_PREFIX, Job, JobSpec, Node, Pod
+from .model import CONDITION_TAINT_PREFIX, Job, Node, Pod
 
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
@@ -23,23 +23,23 @@ def node_usable(node: Node) -> bool:
     return node.ready and not node.unschedulable and not condition_tainted
 
 
-def job_may_use(node: Node, spec: JobSpec) -> bool:
+def job_may_use(node: Node, job: Job) -> bool:
     """Node usable, nodeSelector matched, and every blocking taint tolerated by the job's template."""
     if not node_usable(node):
         return False
-    if any(node.labels.get(key) != value for key, value in spec.node_selector.items()):
+    if any(node.labels.get(key) != value for key, value in job.node_selector.items()):
         return False
     return all(
-        any(toleration.tolerates(taint) for toleration in spec.tolerations)
+        any(toleration.tolerates(taint) for toleration in job.tolerations)
         for taint in node.taints
         if taint.effect in BLOCKING_EFFECTS
     )
 
 
-def evicts(node: Node, spec: JobSpec) -> bool:
+def evicts(node: Node, job: Job) -> bool:
     """A NoExecute taint the job does not tolerate: its pods there are being evicted (spot termination)."""
     return any(
-        taint.effect == "NoExecute" and not any(t.tolerates(taint) for t in spec.tolerations)
+        taint.effect == "NoExecute" and not any(t.tolerates(taint) for t in job.tolerations)
         for taint in node.taints
     )
 
@@ -75,4 +75,4 @@ def cluster_capacity(nodes: Iterable[Node], pods: Iterable[Pod], movable: Iterab
 
 
 def eligible_nodes(nodes: Sequence[Node], job: Job) -> frozenset[str]:
-    return frozenset(node.name for node in nodes if job_may_use(node, job.spec))
+    return frozenset(node.name for node in nodes if job_may_use(node, job))

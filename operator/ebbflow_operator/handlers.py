@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import kopf
-from ebbflow_trainer import contract
+from ebbflow_api import contract
 
 
 @kopf.on.startup()

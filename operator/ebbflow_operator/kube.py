@@ -9,7 +9,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ebbflow_trainer import contract
+from ebbflow_api import contract
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 

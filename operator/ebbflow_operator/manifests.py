@@ -6,11 +6,10 @@ it, and carries the contract's labels so the operator finds it again after a res
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import Any
 
-from ebbflow_trainer import contract
+from ebbflow_api import contract
 
 from .model import Job, Json
 
@@ -67,15 +66,15 @@ def _env(job: Job, world_generation: int) -> list[Json]:
         contract.ENV_RDZV_ENDPOINT: rendezvous_endpoint(job),
         contract.ENV_RDZV_ID: job.uid,
         contract.ENV_RDZV_JOIN_TIMEOUT_SECONDS: spec.rendezvous.join_timeout_seconds,
-        contract.ENV_MIN_REPLICAS: spec.min_replicas,
-        contract.ENV_MAX_REPLICAS: spec.max_replicas,
-        contract.ENV_VIRTUAL_NODES: spec.virtual_nodes,
+        contract.ENV_MIN_REPLICAS: spec.replicas.min,
+        contract.ENV_MAX_REPLICAS: spec.replicas.max,
+        contract.ENV_VIRTUAL_NODES: spec.resolved_virtual_nodes,
         contract.ENV_GLOBAL_BATCH_SIZE: spec.global_batch_size,
         contract.ENV_BATCHING: spec.batching,
         contract.ENV_LR_SCALING: spec.lr_scaling,
         contract.ENV_WORLD_GENERATION: world_generation,
-        contract.ENV_CHECKPOINT_PATH: spec.checkpoint_path,
-        contract.ENV_CHECKPOINT_INTERVAL_STEPS: spec.checkpoint_interval_steps,
+        contract.ENV_CHECKPOINT_PATH: spec.checkpoint.path,
+        contract.ENV_CHECKPOINT_INTERVAL_STEPS: spec.checkpoint.interval_steps,
         contract.ENV_METRICS_PORT: contract.METRICS_PORT,
         contract.ENV_LEAVE_GRACE_SECONDS: spec.leave_grace_seconds,
     }
@@ -86,7 +85,7 @@ def _env(job: Job, world_generation: int) -> list[Json]:
 
 def worker_pod(job: Job, index: int, world_generation: int) -> Json:
     """A worker: the job's template plus the contract's labels, annotations and environment."""
-    template = copy.deepcopy(dict(job.spec.template))
+    template = job.spec.template.to_json()
     metadata: Json = template.get("metadata") or {}
     spec: Json = template["spec"]
     contract_names = {e["name"] for e in _env(job, world_generation)}
@@ -122,10 +121,10 @@ def worker_pod(job: Job, index: int, world_generation: int) -> Json:
 def rendezvous_pod(job: Job) -> Json:
     """The CPU-only pod that hosts the c10d store; it stays while workers come and go."""
     rendezvous = job.spec.rendezvous
-    pod_spec = job.spec.template.get("spec") or {}
+    pod_spec = job.spec.template.spec.to_json()
     image = rendezvous.image or pod_spec["containers"][0]["image"]
     default = [*contract.RENDEZVOUS_COMMAND, contract.RENDEZVOUS_PORT_FLAG, str(rendezvous.port)]
-    command = list(rendezvous.command) if rendezvous.command else default
+    command = rendezvous.command or default
     spec: Json = {
         "restartPolicy": "Always",
         "containers": [

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter as Tally
 from collections.abc import Iterable
 
+from ebbflow_api.models import Phase
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from .crd import PHASES
 from .model import JobKey
 
 
@@ -52,7 +52,7 @@ class Metrics:
             seen.add(key)
             self.desired.labels(*key).set(desired)
             self.current.labels(*key).set(current)
-        for phase in PHASES:
+        for phase in Phase:
             self.jobs.labels(phase).set(phases[phase])
         for key in self._jobs_seen - seen:
             self.desired.remove(*key)

@@ -1,20 +1,30 @@
-"""Plain data the decision layer works on, parsed from the API's JSON (dicts in, frozen dataclasses out).
+"""Plain data the decision layer works on: nodes and pods parsed from the API's JSON into frozen
+dataclasses, and jobs as the API models (`ebbflow_api.models`) plus the scheduling facts derived
+from their pod template.
 
 No kopf or kubernetes imports: the Kubernetes I/O layer hands raw JSON objects to `parse_*`, and
-everything downstream is pure. Jobs arrive already defaulted by the API server (see crd.py).
+everything downstream is pure. Jobs arrive already defaulted by the API server.
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ebbflow_trainer import contract
+from ebbflow_api import contract
+from ebbflow_api.models import (
+    GPU_RESOURCE,
+    ElasticTrainingJob,
+    ElasticTrainingJobSpec,
+    ElasticTrainingJobStatus,
+    format_time,
+    parse_time,
+)
 
-GPU_RESOURCE = "nvidia.com/gpu"
+__all__ = ["GPU_RESOURCE", "format_time", "parse_time"]
+
 JobKey = tuple[str, str]  # (namespace, name)
 Json = dict[str, Any]
 
@@ -28,19 +38,6 @@ SPOT_LABELS: Mapping[str, str] = {
 }
 # Taints the node lifecycle controller sets on nodes that are not healthy.
 CONDITION_TAINT_PREFIX = "node.kubernetes.io/"
-
-
-def parse_time(value: str | None) -> float | None:
-    """RFC 3339 timestamp -> POSIX seconds."""
-    if not value:
-        return None
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def format_time(seconds: float) -> str:
-    """POSIX seconds -> the RFC 3339 form Kubernetes writes (second precision, UTC)."""
-    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC).replace(microsecond=0)
-    return moment.isoformat().replace("+00:00", "Z")
 
 
 def gpu_count(value: object) -> int:
@@ -122,79 +119,41 @@ class Pod:
 
 
 @dataclass(frozen=True)
-class Rendezvous:
-    port: int = contract.RENDEZVOUS_PORT
-    join_timeout_seconds: int = 600
-    image: str | None = None
-    command: tuple[str, ...] | None = None
+class Job:
+    """A job as the decisions see it: the API object plus what its pod template implies."""
 
-
-@dataclass(frozen=True)
-class JobSpec:
-    min_replicas: int
-    max_replicas: int
-    global_batch_size: int
-    virtual_nodes: int
-    template: Mapping[str, Any] = field(default_factory=dict)
+    api: ElasticTrainingJob
     gpus_per_worker: int = 1
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
-    batching: str = contract.BATCHING_POLICIES[0]
-    lr_scaling: str = contract.LR_SCALING_POLICIES[0]
-    checkpoint_path: str = "/checkpoints"
-    checkpoint_interval_steps: int = 1000
-    priority: int = 0
-    max_restarts: int = 3
-    leave_grace_seconds: int = contract.DEFAULT_LEAVE_GRACE_SECONDS
-    clean_pod_policy: str = "Running"
-    rendezvous: Rendezvous = field(default_factory=Rendezvous)
 
+    @property
+    def spec(self) -> ElasticTrainingJobSpec:
+        return self.api.spec
 
-@dataclass(frozen=True)
-class Condition:
-    type: str
-    status: str
-    reason: str = ""
-    message: str = ""
-    observed_generation: int = 0
-    last_transition_time: str = ""
+    @property
+    def status(self) -> ElasticTrainingJobStatus:
+        return self.api.status
 
-    def to_json(self) -> Json:
-        return {
-            "type": self.type,
-            "status": self.status,
-            "reason": self.reason,
-            "message": self.message,
-            "observedGeneration": self.observed_generation,
-            "lastTransitionTime": self.last_transition_time,
-        }
+    @property
+    def namespace(self) -> str:
+        return self.api.metadata.namespace
 
+    @property
+    def name(self) -> str:
+        return self.api.metadata.name
 
-@dataclass(frozen=True)
-class JobStatus:
-    """The parts of a job's status the operator reads back: its durable record of observations."""
+    @property
+    def uid(self) -> str:
+        return self.api.metadata.uid
 
-    phase: str = ""
-    desired_replicas: int = 0
-    world_generation: int = 0
-    preemptions: int = 0
-    restarts: int = 0
-    worker_nodes: Mapping[str, str] = field(default_factory=dict)
-    hold_replicas: int | None = None
-    hold_until: float | None = None
-    conditions: tuple[Condition, ...] = ()
-    raw: Mapping[str, Any] = field(default_factory=dict)
+    @property
+    def generation(self) -> int:
+        return self.api.metadata.generation
 
-
-@dataclass(frozen=True)
-class Job:
-    namespace: str
-    name: str
-    uid: str
-    generation: int
-    created: float
-    spec: JobSpec
-    status: JobStatus = field(default_factory=JobStatus)
+    @property
+    def created(self) -> float:
+        return parse_time(self.api.metadata.creation_timestamp) or 0.0
 
     @property
     def key(self) -> JobKey:
@@ -280,85 +239,29 @@ def parse_pod(raw: Mapping[str, Any]) -> Pod:
     )
 
 
-def parse_job_spec(spec: Mapping[str, Any]) -> JobSpec:
-    template = spec["template"]
-    pod_spec = template.get("spec") or {}
-    replicas = spec["replicas"]
-    rendezvous = spec.get("rendezvous") or {}
-    checkpoint = spec.get("checkpoint") or {}
-    command = rendezvous.get("command")
-    return JobSpec(
-        min_replicas=int(replicas["min"]),
-        max_replicas=int(replicas["max"]),
-        global_batch_size=int(spec["globalBatchSize"]),
-        virtual_nodes=int(spec.get("virtualNodes") or replicas["max"]),
-        template=template,
+def _toleration(raw: Mapping[str, Any]) -> Toleration:
+    return Toleration(
+        key=str(raw.get("key") or ""),
+        operator=str(raw.get("operator") or "Equal"),
+        value=str(raw.get("value") or ""),
+        effect=str(raw.get("effect") or ""),
+    )
+
+
+def job_from_api(api: ElasticTrainingJob) -> Job:
+    """Derives the scheduling facts (GPUs per worker, node selector, tolerations) once per version."""
+    pod_spec = api.spec.template.spec.to_json()
+    return Job(
+        api=api,
         gpus_per_worker=_pod_gpus(pod_spec),
         node_selector=dict(pod_spec.get("nodeSelector") or {}),
-        tolerations=tuple(
-            Toleration(
-                key=str(t.get("key") or ""),
-                operator=str(t.get("operator") or "Equal"),
-                value=str(t.get("value") or ""),
-                effect=str(t.get("effect") or ""),
-            )
-            for t in pod_spec.get("tolerations") or []
-        ),
-        batching=str(spec.get("batching", contract.BATCHING_POLICIES[0])),
-        lr_scaling=str(spec.get("lrScaling", contract.LR_SCALING_POLICIES[0])),
-        checkpoint_path=str(checkpoint.get("path", "/checkpoints")),
-        checkpoint_interval_steps=int(checkpoint.get("intervalSteps", 1000)),
-        priority=int(spec.get("priority", 0)),
-        max_restarts=int(spec.get("maxRestarts", 3)),
-        leave_grace_seconds=int(spec.get("leaveGraceSeconds", contract.DEFAULT_LEAVE_GRACE_SECONDS)),
-        clean_pod_policy=str(spec.get("cleanPodPolicy", "Running")),
-        rendezvous=Rendezvous(
-            port=int(rendezvous.get("port", contract.RENDEZVOUS_PORT)),
-            join_timeout_seconds=int(rendezvous.get("joinTimeoutSeconds", 600)),
-            image=rendezvous.get("image"),
-            command=tuple(command) if command else None,
-        ),
-    )
-
-
-def parse_condition(raw: Mapping[str, Any]) -> Condition:
-    return Condition(
-        type=str(raw.get("type", "")),
-        status=str(raw.get("status", "Unknown")),
-        reason=str(raw.get("reason", "")),
-        message=str(raw.get("message", "")),
-        observed_generation=int(raw.get("observedGeneration", 0) or 0),
-        last_transition_time=str(raw.get("lastTransitionTime", "")),
-    )
-
-
-def parse_job_status(status: Mapping[str, Any]) -> JobStatus:
-    hold = status.get("holdReplicas")
-    return JobStatus(
-        phase=str(status.get("phase", "")),
-        desired_replicas=int(status.get("desiredReplicas", 0) or 0),
-        world_generation=int(status.get("worldGeneration", 0) or 0),
-        preemptions=int(status.get("preemptions", 0) or 0),
-        restarts=int(status.get("restarts", 0) or 0),
-        worker_nodes=dict(status.get("workerNodes") or {}),
-        hold_replicas=int(hold) if hold is not None else None,
-        hold_until=parse_time(status.get("holdUntil")),
-        conditions=tuple(parse_condition(c) for c in status.get("conditions") or []),
-        raw=status,
+        tolerations=tuple(_toleration(t) for t in pod_spec.get("tolerations") or []),
     )
 
 
 def parse_job(raw: Mapping[str, Any]) -> Job:
-    metadata = raw["metadata"]
-    return Job(
-        namespace=metadata["namespace"],
-        name=metadata["name"],
-        uid=metadata.get("uid", ""),
-        generation=int(metadata.get("generation", 0) or 0),
-        created=parse_time(metadata.get("creationTimestamp")) or 0.0,
-        spec=parse_job_spec(raw["spec"]),
-        status=parse_job_status(raw.get("status") or {}),
-    )
+    """An ElasticTrainingJob from the API (pydantic validates it against the same models as the CRD)."""
+    return job_from_api(ElasticTrainingJob.model_validate(raw))
 
 
 def parse_progress(raw: str | None) -> Json | None:

@@ -12,14 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ebbflow_trainer import contract
+from ebbflow_api import contract
+from ebbflow_api.models import Condition, Phase
 
 from . import manifests
 from .capacity import evicts
-from .model import Condition, Job, Json, Node, Pod, format_time, parse_progress
+from .model import Job, Json, Node, Pod, format_time, parse_progress, parse_time
 from .status import FAILED, PREEMPTED, READY, SCHEDULABLE, SUCCEEDED, merge_patch, set_condition
 
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 
 # Rescale reasons (status.lastRescale.reason, metrics label).
 PREEMPTION = "Preemption"
@@ -134,15 +135,15 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
                 failures.append(pod)
         elif pod.node is not None and pod.node not in observed.nodes:
             take(pod, "NodeLost", 0, "node gone")
-        elif pod.node is not None and evicts(observed.nodes[pod.node], spec):
+        elif pod.node is not None and evicts(observed.nodes[pod.node], job):
             take(pod, "TaintEviction", spec.leave_grace_seconds, "being evicted")
         else:
             active.append(pod)
     counted_failures = [p for p in failures if p.name in recorded]
 
-    preemptions = status.preemptions + len(lost)
-    restarts = status.restarts
-    conditions: tuple[Condition, ...] = status.conditions
+    preemptions = (status.preemptions or 0) + len(lost)
+    restarts = status.restarts or 0
+    conditions: tuple[Condition, ...] = tuple(status.conditions)
     phase = status.phase
 
     def condition(type_: str, ok: bool, why: str, message: str) -> None:
@@ -171,13 +172,13 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
                 if invalid
                 else f"{restarts} worker failures exceed spec.maxRestarts={spec.max_restarts}: {details}"
             )
-            phase, terminal = "Failed", True
+            phase, terminal = Phase.FAILED, True
             condition(FAILED, True, why, message)
             events.append(Event("Warning", "Failed", message))
         else:  # replaced below, under a new name: the failed pod stays until deleted
             deletions += [Deletion(p.name, p.uid, 0, "failed") for p in failures]
     if not terminal and succeeded and not active:
-        phase, terminal = "Succeeded", True
+        phase, terminal = Phase.SUCCEEDED, True
         message = f"{len(succeeded)} worker(s) finished training"
         condition(SUCCEEDED, True, "WorkersSucceeded", message)
         events.append(Event("Normal", "Succeeded", message))
@@ -185,7 +186,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
 
     # --- pending timeout -----------------------------------------------------------------------------
     hold_replicas = hold_cap(job, now)
-    hold_until = status.hold_until if hold_replicas is not None else None
+    hold_until = parse_time(status.hold_until) if hold_replicas is not None else None
     stuck = [p for p in active if p.node is None and now - p.created > config.pending_timeout]
     if stuck and not terminal:
         active = [p for p in active if p not in stuck]
@@ -206,7 +207,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         target = observed.desired
         if hold_replicas is not None:
             target = min(target, hold_replicas)
-        if target < spec.min_replicas:
+        if target < spec.replicas.min:
             target = 0
     victims: list[Pod] = []
     cleaning = terminal and spec.clean_pod_policy != "None"
@@ -227,7 +228,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         ]
         active = [p for p in active if p not in victims]
     missing = max(0, target - len(active))
-    generation = status.world_generation
+    generation = status.world_generation or 0
     if not terminal and (lost or counted_failures or stuck or victims or missing):
         generation += 1
     creations: list[tuple[int, int]] = []
@@ -260,16 +261,16 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
     ready = sum(p.ready and p.phase == "Running" for p in active)
     if not terminal:
         if target == 0:
-            if hold_replicas is not None and hold_replicas < spec.min_replicas:
+            if hold_replicas is not None and hold_replicas < spec.replicas.min:
                 why = "PendingTimeout"
                 message = (
-                    f"only {hold_replicas} of min {spec.min_replicas} workers were scheduled within "
+                    f"only {hold_replicas} of min {spec.replicas.min} workers were scheduled within "
                     f"{config.pending_timeout:.0f}s; retrying after {format_time(hold_until or now)}"
                 )
             else:
                 why = "InsufficientGPUs"
                 message = (
-                    f"needs min {spec.min_replicas} workers x {spec.gpus_per_worker} GPU(s) on nodes "
+                    f"needs min {spec.replicas.min} workers x {job.gpus_per_worker} GPU(s) on nodes "
                     f"it may use; {observed.free_gpus} GPU(s) free there for it"
                 )
             condition(SCHEDULABLE, False, why, message)
@@ -278,38 +279,37 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
                 SCHEDULABLE,
                 True,
                 "Allocated",
-                f"{target} worker(s) allocated in [{spec.min_replicas}, {spec.max_replicas}]",
+                f"{target} worker(s) allocated in [{spec.replicas.min}, {spec.replicas.max}]",
             )
-        enough = ready >= spec.min_replicas
+        enough = ready >= spec.replicas.min
         condition(
             READY,
             enough,
             "MinimumAvailable" if enough else "WaitingForWorkers",
-            f"{ready} of {target} desired worker(s) ready (min {spec.min_replicas})",
+            f"{ready} of {target} desired worker(s) ready (min {spec.replicas.min})",
         )
         if not enough:
-            phase = "Pending"
+            phase = Phase.PENDING
         elif ready == target and replicas == target and not creations and not deletions:
-            phase = "Running"
+            phase = Phase.RUNNING
         else:
-            phase = "Scaling"
+            phase = Phase.SCALING
     else:
-        condition(READY, False, phase, f"the job {phase.lower()}")
+        condition(READY, False, str(phase), f"the job {str(phase).lower()}")
     reason: str | None = None
-    if target != status.desired_replicas and not terminal:
+    desired_before = status.desired_replicas or 0
+    if target != desired_before and not terminal:
         if lost:
             reason = PREEMPTION
         elif stuck:
             reason = PENDING_TIMEOUT
         elif failures:
             reason = FAILURE
-        elif job.generation != status.raw.get("observedGeneration"):
+        elif job.generation != status.observed_generation:
             reason = SPEC_CHANGED
         else:
-            reason = CAPACITY_FREED if target > status.desired_replicas else CAPACITY_RECLAIMED
-        events.append(
-            Event("Normal", "Rescaled", f"{status.desired_replicas} -> {target} workers ({reason})")
-        )
+            reason = CAPACITY_FREED if target > desired_before else CAPACITY_RECLAIMED
+        events.append(Event("Normal", "Rescaled", f"{desired_before} -> {target} workers ({reason})"))
 
     new_status: Json = {
         "phase": phase,
@@ -327,13 +327,14 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
             **{manifests.worker_name(job.name, i): "" for i, _ in creations},
         },
     }
+    recorded_status = status.to_json()
     for key in ("lastRescale", "progress", "startTime", "completionTime"):
-        if key in status.raw:
-            new_status[key] = status.raw[key]
+        if key in recorded_status:
+            new_status[key] = recorded_status[key]
     if reason is not None:
         new_status["lastRescale"] = {
             "time": stamp,
-            "from": status.desired_replicas,
+            "from": desired_before,
             "to": target,
             "reason": reason,
         }
@@ -354,7 +355,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         delete=tuple(deletions),
         create_rendezvous_pod=create_rendezvous,
         create_services=services,
-        status_patch=merge_patch(status.raw, new_status),
+        status_patch=merge_patch(recorded_status, new_status),
         events=tuple(events),
         rescale_reason=reason,
         preemptions=len(lost),
@@ -365,6 +366,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
 def hold_cap(job: Job, now: float) -> int | None:
     """The pending-timeout cap on the job's size, if one is in force."""
     status = job.status
-    if status.hold_replicas is not None and status.hold_until and status.hold_until > now:
+    until = parse_time(status.hold_until)
+    if status.hold_replicas is not None and until and until > now:
         return status.hold_replicas
     return None

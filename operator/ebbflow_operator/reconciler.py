@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from ebbflow_trainer import contract
+from ebbflow_api import contract
 from kubernetes.client.exceptions import ApiException
 
 from . import manifests
@@ -81,7 +81,7 @@ def decide(
     shapes: dict[object, frozenset[str]] = {}  # jobs with the same selector and tolerations share nodes
     for job in jobs:
         workers = [p for p in job_pods[job.key] if p.role == contract.ROLE_WORKER]
-        shape = (tuple(sorted(job.spec.node_selector.items())), job.spec.tolerations)
+        shape = (tuple(sorted(job.node_selector.items())), job.tolerations)
         if shape not in shapes:
             shapes[shape] = eligible_nodes(selected, job)
         eligible[job.key] = shapes[shape]
@@ -97,9 +97,9 @@ def decide(
         demands.append(
             Demand(
                 key=job.key,
-                min=job.spec.min_replicas,
-                max=job.spec.max_replicas if cap is None else min(cap, job.spec.max_replicas),
-                gpus_per_worker=job.spec.gpus_per_worker,
+                min=job.spec.replicas.min,
+                max=job.spec.replicas.max if cap is None else min(cap, job.spec.replicas.max),
+                gpus_per_worker=job.gpus_per_worker,
                 eligible=eligible[job.key],
                 priority=job.spec.priority,
                 created=job.created,

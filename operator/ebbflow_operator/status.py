@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .model import Condition, Json
+from ebbflow_api.models import Condition, ConditionStatus
+
+from .model import Json
 
 # Condition types on an ElasticTrainingJob.
 READY = "Ready"  # at least min workers are running
@@ -26,11 +28,18 @@ def set_condition(
     now: str,
 ) -> tuple[Condition, ...]:
     """Replaces (or adds) one condition; lastTransitionTime moves only when the status flips."""
-    value = "True" if status else "False"
+    value = ConditionStatus.TRUE if status else ConditionStatus.FALSE
     existing = {c.type: c for c in conditions}
     previous = existing.get(type_)
     since = previous.last_transition_time if previous and previous.status == value else now
-    existing[type_] = Condition(type_, value, reason, message, generation, since)
+    existing[type_] = Condition(
+        type=type_,
+        status=value,
+        reason=reason,
+        message=message,
+        observed_generation=generation,
+        last_transition_time=since,
+    )
     order = {name: i for i, name in enumerate(CONDITION_ORDER)}
     return tuple(sorted(existing.values(), key=lambda c: (order.get(c.type, len(order)), c.type)))
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ebbflow_api import contract
 from ebbflow_operator.devcluster.controlplane import ControlPlane
 from ebbflow_operator.devcluster.gpunodes import GPU_RESOURCE, wait_for
-from ebbflow_trainer import contract
 from kubernetes.client.exceptions import ApiException
 
 from .conftest import Kube

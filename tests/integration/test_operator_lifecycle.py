@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ebbflow_api import contract
 from ebbflow_operator.devcluster.controlplane import ControlPlane
 from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, drain_node, fail_pod, preempt_node, wait_for
-from ebbflow_trainer import contract
 from kubernetes.client.exceptions import ApiException
 
 from .conftest import GpuNodes, Kube

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ebbflow_api import contract
 from ebbflow_operator.devcluster.controlplane import ControlPlane
 from ebbflow_operator.devcluster.gpunodes import delete_node, wait_for
-from ebbflow_trainer import contract
 
 from .conftest import GpuNodes, Kube
 from .operator_helpers import (

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from ebbflow_trainer import contract
+from ebbflow_api import contract
 
 from tests.trainer.trainer_cluster import (
     DIGITS,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from ebbflow_trainer import contract
+from ebbflow_api import contract
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = str(REPO / "examples" / "digits" / "train.py")

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from ebbflow_trainer import contract
+from ebbflow_api import contract
 
 if TYPE_CHECKING:
     from ebbflow_trainer.config import TrainerConfig
@@ -40,14 +40,22 @@ def _parser() -> argparse.ArgumentParser:
         "--node-addr", default="", help="address other nodes know this node by (default: hostname)"
     )
     run.add_argument(
-        "--join-timeout", type=float, help=f"default ${contract.ENV_RDZV_JOIN_TIMEOUT_SECONDS} or 600"
+        "--join-timeout",
+        type=float,
+        help=f"default ${contract.ENV_RDZV_JOIN_TIMEOUT_SECONDS} (spec.rendezvous.joinTimeoutSeconds)",
     )
     run.add_argument(
-        "--last-call-timeout", type=float, default=1.0, help="wait for more nodes once min have joined"
+        "--last-call-timeout",
+        type=float,
+        default=1.0,
+        help="wait for more nodes once min have joined",
     )
     run.add_argument("--keep-alive-interval", type=float, default=1.0, help="rendezvous heartbeat period (s)")
     run.add_argument(
-        "--keep-alive-max-attempt", type=int, default=3, help="missed heartbeats before a node is dead"
+        "--keep-alive-max-attempt",
+        type=int,
+        default=3,
+        help="missed heartbeats before a node is dead",
     )
     run.add_argument("--store-timeout", type=float, default=60.0)
     run.add_argument("--collective-timeout", type=float, default=60.0)

@@ -2,7 +2,9 @@
 
 Every check names the setting and the fix, because a bad setting can only be repaired by a person:
 the launcher exits with ``contract.EXIT_INVALID_CONFIG`` and the operator fails the job instead of
-restarting it forever.
+restarting it forever. What the trainer shares with the job's spec (V, B, min/max, batching, LR
+scaling, the join timeout) is checked and defaulted by the API models themselves (`TrainingShape`
+and its CEL rules), so the trainer and the API server can never disagree.
 """
 
 from __future__ import annotations
@@ -15,9 +17,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ebbflow_trainer import contract
+from ebbflow_api import contract
+from ebbflow_api.models import Batching, LrScaling, RendezvousSpec, TrainingShape, rule_violations
+from pydantic import ValidationError
 
 MODES = ("deterministic", "fast")
+DEFAULT_JOIN_TIMEOUT = RendezvousSpec().join_timeout_seconds
+# The spec fields the trainer receives, by the variable the operator passes each in.
+SHAPE_VARIABLES = {
+    "replicas.min": contract.ENV_MIN_REPLICAS,
+    "replicas.max": contract.ENV_MAX_REPLICAS,
+    "virtualNodes": contract.ENV_VIRTUAL_NODES,
+    "globalBatchSize": contract.ENV_GLOBAL_BATCH_SIZE,
+    "batching": contract.ENV_BATCHING,
+    "lrScaling": contract.ENV_LR_SCALING,
+}
 
 
 class ConfigError(ValueError):
@@ -35,8 +49,8 @@ class TrainerConfig:
     max_replicas: int
     virtual_nodes: int
     global_batch_size: int
-    batching: str = "static"
-    lr_scaling: str = "none"
+    batching: str = Batching.STATIC.value
+    lr_scaling: str = LrScaling.NONE.value
     mode: str = "deterministic"
     seed: int = 0
     steps: int | None = None
@@ -51,7 +65,7 @@ class TrainerConfig:
     journal: str = ""
     node_addr: str = ""
     # Rendezvous and failure-detection timeouts: short, so a re-formed world trains again in seconds.
-    join_timeout: float = 600.0
+    join_timeout: float = float(DEFAULT_JOIN_TIMEOUT)
     last_call_timeout: float = 1.0
     keep_alive_interval: float = 1.0
     keep_alive_max_attempt: int = 3
@@ -103,7 +117,9 @@ def from_environment(env: Mapping[str, str], **flags: object) -> TrainerConfig:
     endpoint = env.get(contract.ENV_RDZV_ENDPOINT, "")
     state_dir = str(flags.pop("state_dir", "") or "")
     if flags.get("join_timeout") is None:
-        flags["join_timeout"] = float(_env_int(env, contract.ENV_RDZV_JOIN_TIMEOUT_SECONDS, 600))
+        flags["join_timeout"] = float(
+            _env_int(env, contract.ENV_RDZV_JOIN_TIMEOUT_SECONDS, DEFAULT_JOIN_TIMEOUT)
+        )
     rdzv_id = env.get(contract.ENV_RDZV_ID, "") or env.get(contract.ENV_JOB_NAME, "")
     if not state_dir:
         shm = Path("/dev/shm")
@@ -116,8 +132,8 @@ def from_environment(env: Mapping[str, str], **flags: object) -> TrainerConfig:
         max_replicas=_env_int(env, contract.ENV_MAX_REPLICAS, 1),
         virtual_nodes=_env_int(env, contract.ENV_VIRTUAL_NODES),
         global_batch_size=_env_int(env, contract.ENV_GLOBAL_BATCH_SIZE),
-        batching=env.get(contract.ENV_BATCHING, "") or "static",
-        lr_scaling=env.get(contract.ENV_LR_SCALING, "") or "none",
+        batching=env.get(contract.ENV_BATCHING, "") or Batching.STATIC.value,
+        lr_scaling=env.get(contract.ENV_LR_SCALING, "") or LrScaling.NONE.value,
         checkpoint_path=env.get(contract.ENV_CHECKPOINT_PATH, ""),
         checkpoint_interval_steps=_env_int(env, contract.ENV_CHECKPOINT_INTERVAL_STEPS, 0),
         metrics_port=_env_int(env, contract.ENV_METRICS_PORT, contract.METRICS_PORT),
@@ -151,43 +167,7 @@ def validate(config: TrainerConfig) -> None:
             f"{contract.ENV_RDZV_ID} is not set: set it to an id unique to this job incarnation, so a "
             "recreated job never joins an old rendezvous round."
         )
-    if config.min_replicas < 1:
-        raise ConfigError(f"{contract.ENV_MIN_REPLICAS}={config.min_replicas} must be at least 1.")
-    if config.max_replicas < config.min_replicas:
-        raise ConfigError(
-            f"{contract.ENV_MAX_REPLICAS}={config.max_replicas} is below {contract.ENV_MIN_REPLICAS}="
-            f"{config.min_replicas}: make the maximum at least the minimum."
-        )
-    v, b = config.virtual_nodes, config.global_batch_size
-    if v < 1 or b < 1:
-        raise ConfigError(
-            f"{contract.ENV_VIRTUAL_NODES}={v} and {contract.ENV_GLOBAL_BATCH_SIZE}={b} "
-            "must both be positive."
-        )
-    if b % v:
-        divisors = [d for d in range(config.max_replicas, b + 1) if b % d == 0][:3]
-        raise ConfigError(
-            f"{contract.ENV_VIRTUAL_NODES}={v} does not divide {contract.ENV_GLOBAL_BATCH_SIZE}={b}: every "
-            f"virtual node needs the same number of samples; choose a divisor of {b} such as {divisors}."
-        )
-    if v < config.max_replicas:
-        raise ConfigError(
-            f"{contract.ENV_VIRTUAL_NODES}={v} is below {contract.ENV_MAX_REPLICAS}={config.max_replicas}: "
-            "every worker needs at least one virtual node; raise the virtual nodes or lower the maximum."
-        )
-    if config.batching not in contract.BATCHING_POLICIES:
-        raise ConfigError(
-            f"{contract.ENV_BATCHING}={config.batching!r} must be one of {contract.BATCHING_POLICIES}."
-        )
-    if config.lr_scaling not in contract.LR_SCALING_POLICIES:
-        raise ConfigError(
-            f"{contract.ENV_LR_SCALING}={config.lr_scaling!r} must be one of {contract.LR_SCALING_POLICIES}."
-        )
-    if config.lr_scaling == "adascale" and v < 2:
-        raise ConfigError(
-            f"{contract.ENV_LR_SCALING}=adascale needs {contract.ENV_VIRTUAL_NODES} >= 2: the gradient noise "
-            "scale is estimated from the spread between virtual nodes."
-        )
+    _check_shape(config)
     if config.mode not in MODES:
         raise ConfigError(f"--mode={config.mode!r} must be one of {MODES}.")
     if config.checkpoint_interval_steps < 0:
@@ -206,3 +186,30 @@ def validate(config: TrainerConfig) -> None:
             raise ConfigError(f"--{name.replace('_', '-')}={value} must be a positive number of seconds.")
     if config.slowdown < 1:
         raise ConfigError(f"--slowdown={config.slowdown} must be at least 1.")
+
+
+def _check_shape(config: TrainerConfig) -> None:
+    """V, B, min/max, batching and LR scaling, by the API's own bounds and rules."""
+    values = {
+        "replicas.min": config.min_replicas,
+        "replicas.max": config.max_replicas,
+        "virtualNodes": config.virtual_nodes,
+        "globalBatchSize": config.global_batch_size,
+        "batching": config.batching,
+        "lrScaling": config.lr_scaling,
+    }
+    shape = {
+        "replicas": {"min": config.min_replicas, "max": config.max_replicas},
+        **{path: value for path, value in values.items() if not path.startswith("replicas.")},
+    }
+    try:
+        model = TrainingShape.model_validate(shape)
+    except ValidationError as error:
+        first = error.errors()[0]
+        path = ".".join(str(part) for part in first["loc"])
+        raise ConfigError(
+            f"{SHAPE_VARIABLES.get(path, path)}={values.get(path)!r} (spec.{path}): {first['msg']}"
+        ) from None
+    for _, rule in rule_violations(model):
+        named = [f"{SHAPE_VARIABLES[p]}={values[p]}" for p in SHAPE_VARIABLES if f"spec.{p}" in rule.message]
+        raise ConfigError(f"{', '.join(named)}: {rule.message}")

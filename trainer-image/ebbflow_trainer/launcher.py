@@ -16,7 +16,8 @@ import os
 import signal
 from pathlib import Path
 
-from ebbflow_trainer import contract
+from ebbflow_api import contract
+
 from ebbflow_trainer.config import TrainerConfig
 
 # The worker writes this file in its state directory once it has left after SIGTERM.

@@ -17,9 +17,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ebbflow_api import contract
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from ebbflow_trainer import contract
 from ebbflow_trainer.config import TrainerConfig
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ebbflow_api import contract
 
-from ebbflow_trainer import contract, metrics, state
+from ebbflow_trainer import metrics, state
 from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.batching import DynamicBatchingController
 from ebbflow_trainer.config import TrainerConfig

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import pytest
+from ebbflow_api.builders import JobBuilder
 from ebbflow_operator.capacity import cluster_capacity, job_may_use, node_usable
-from ebbflow_operator.model import JobSpec, Node, Pod, Taint, Toleration
+from ebbflow_operator.model import Job, Node, Pod, Taint, Toleration
+
+from tests.builders import make_job
 
 SPOT_TAINT = Taint("ebbflow.dev/spot", "NoSchedule", "true")
 
 
-def spec(**overrides: object) -> JobSpec:
-    return JobSpec(min_replicas=1, max_replicas=4, global_batch_size=64, virtual_nodes=4, **overrides)  # type: ignore[arg-type]
+def spec(**overrides: Any) -> Job:
+    """A job whose template has the given node selector or tolerations."""
+    return replace(make_job(JobBuilder("j").replicas(1, 4)), **overrides)
 
 
 @pytest.mark.parametrize(
@@ -54,7 +61,7 @@ def test_node_usable(node: Node, usable: bool) -> None:
         (Node("cordoned", 4, unschedulable=True), spec(tolerations=(Toleration(operator="Exists"),)), False),
     ],
 )
-def test_job_may_use(node: Node, job: JobSpec, allowed: bool) -> None:
+def test_job_may_use(node: Node, job: Job, allowed: bool) -> None:
     assert job_may_use(node, job) is allowed
 
 

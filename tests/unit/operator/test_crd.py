@@ -1,19 +1,17 @@
-"""The committed CRD is exactly what the generator produces, and it wires the contract's names."""
+"""The committed CRD is exactly what the models generate, and it wires the contract's names."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ebbflow_operator import crd
-from ebbflow_trainer import contract
+from ebbflow_api import contract, crd
+from ebbflow_api.models import Batching, LrScaling
 
-CRD_FILE = Path(__file__).resolve().parents[3] / "crds" / "ebbflow.dev_elastictrainingjobs.yaml"
+CRD_FILE = Path(__file__).resolve().parents[3] / crd.CRD_FILE
 
 
 def test_committed_crd_matches_the_generator() -> None:
-    assert CRD_FILE.read_text() == crd.render(), (
-        "crds/ is stale: run `python -m ebbflow_operator.crd > crds/ebbflow.dev_elastictrainingjobs.yaml`"
-    )
+    assert CRD_FILE.read_text() == crd.render(), "crds/ is stale: run `make crds`"
 
 
 def test_names_and_subresources_come_from_the_contract() -> None:
@@ -28,6 +26,6 @@ def test_names_and_subresources_come_from_the_contract() -> None:
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns == ["Min", "Max", "Desired", "Ready", "Phase", "Age"]
     properties = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-    assert properties["batching"]["enum"] == list(contract.BATCHING_POLICIES)
-    assert properties["lrScaling"]["enum"] == list(contract.LR_SCALING_POLICIES)
+    assert properties["batching"]["enum"] == [b.value for b in Batching]
+    assert properties["lrScaling"]["enum"] == [s.value for s in LrScaling]
     assert properties["rendezvous"]["properties"]["port"]["default"] == contract.RENDEZVOUS_PORT

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
+from ebbflow_api import contract
+from ebbflow_api.builders import JobBuilder
 from ebbflow_operator.allocator import PriorityFairShare
-from ebbflow_operator.model import Job, JobSpec, JobStatus, Node, Pod
+from ebbflow_operator.model import Job, Node, Pod
 from ebbflow_operator.reconciler import OperatorConfig, decide
-from ebbflow_trainer import contract
+
+from tests.builders import make_job
 
 NOW = 1_000_000.0
 
 
 def job(name: str, lo: int, hi: int, priority: int, age: float) -> Job:
-    spec = JobSpec(
-        min_replicas=lo,
-        max_replicas=hi,
-        global_batch_size=64 * hi,
-        virtual_nodes=hi,
-        template={"spec": {"containers": [{"name": "t", "image": "img"}]}},
-        leave_grace_seconds=30,
-        priority=priority,
-    )
-    return Job("ns", name, f"uid-{name}", 1, NOW - age, spec, JobStatus())
+    return make_job(JobBuilder(name).replicas(lo, hi).set(leaveGraceSeconds=30).priority(priority), age=age)
 
 
 def worker(owner: Job, index: int, node: str, deleting: bool = False) -> Pod:

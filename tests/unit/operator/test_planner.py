@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
 import pytest
-from ebbflow_operator.model import Job, JobSpec, JobStatus, Node, Pod, Taint, parse_job_status
+from ebbflow_api import contract
+from ebbflow_api.builders import JobBuilder
+from ebbflow_operator.model import Job, Node, Pod, Taint
 from ebbflow_operator.planner import Observed, Plan, PlannerConfig, plan_job
-from ebbflow_trainer import contract
+
+from tests.builders import make_job
 
 NOW = 1_000_000.0
 CONFIG = PlannerConfig(pending_timeout=60, hold_seconds=300)
@@ -20,17 +24,8 @@ NODES = {
 SERVICES = frozenset({"j-rdzv", "j-workers"})
 
 
-def job(lo: int = 2, hi: int = 4, status: JobStatus | None = None, **spec: object) -> Job:
-    job_spec = JobSpec(
-        min_replicas=lo,
-        max_replicas=hi,
-        global_batch_size=64,
-        virtual_nodes=hi,
-        template={"spec": {"containers": [{"name": "t", "image": "img"}]}},
-        leave_grace_seconds=30,
-        **spec,  # type: ignore[arg-type]
-    )
-    return Job("ns", "j", "uid-j", 1, NOW - 3600, job_spec, status or JobStatus())
+def job(lo: int = 2, hi: int = 4, status: dict[str, Any] | None = None, **spec: object) -> Job:
+    return make_job(JobBuilder("j").replicas(lo, hi).set(leaveGraceSeconds=30, **spec), status=status)
 
 
 def worker(
@@ -56,7 +51,7 @@ def worker(
 RDZV = Pod("j-rdzv", "ns", "uid-r", "j", contract.ROLE_RENDEZVOUS, "uid-j", "od-0", "Running", ready=True)
 
 
-def running_status(pods: list[Pod], desired: int, **extra: object) -> JobStatus:
+def running_status(pods: list[Pod], desired: int, **extra: object) -> dict[str, Any]:
     """The status a previous pass wrote for these pods."""
     raw = {
         "phase": "Running",
@@ -66,7 +61,7 @@ def running_status(pods: list[Pod], desired: int, **extra: object) -> JobStatus:
         "workerNodes": {p.name: p.node for p in pods if p.node},
         **extra,
     }
-    return parse_job_status(raw)
+    return raw
 
 
 def plan(j: Job, pods: list[Pod], desired: int, nodes: dict[str, Node] = NODES) -> Plan:
@@ -86,7 +81,7 @@ def test_new_job_gets_rendezvous_services_and_workers() -> None:
 
 def test_created_worker_that_never_appeared_is_not_a_preemption() -> None:
     """The operator died after writing status and before creating the pod: create it again."""
-    recorded = parse_job_status({"phase": "Pending", "desiredReplicas": 1, "workerNodes": {"j-worker-0": ""}})
+    recorded = {"phase": "Pending", "desiredReplicas": 1, "workerNodes": {"j-worker-0": ""}}
     result = plan(job(lo=1, status=recorded), [], 1)
     assert result.preemptions == 0
     assert result.create_workers == ((0, 1),)
@@ -130,7 +125,7 @@ def test_rendezvous_pod_is_replaced_when_it_ends_or_loses_its_node(rendezvous: P
 def test_steady_state_plans_nothing() -> None:
     pods = [worker(i, node) for i, node in enumerate(["od-0", "od-1", "spot-0"])]
     first = plan(job(status=running_status(pods, 3)), pods, 3)
-    again = plan(job(status=parse_job_status(first.status)), pods, 3)
+    again = plan(job(status=first.status), pods, 3)
     assert not again.create_workers and not again.delete and not again.events
     assert again.status_patch == {}
     assert again.status["phase"] == "Running"
@@ -167,7 +162,7 @@ def test_worker_deleted_by_someone_else_is_a_preemption() -> None:
     evicting = replace(pods[1], deleting=True, disruption="EvictionByEvictionAPI")
     result = plan(job(lo=1, status=running_status(pods, 2)), [pods[0], evicting], 2)
     assert result.preemptions == 1 and not result.delete
-    again = plan(job(lo=1, status=parse_job_status(result.status)), [pods[0], evicting], 2)
+    again = plan(job(lo=1, status=result.status), [pods[0], evicting], 2)
     assert again.preemptions == 0, "counted once"
 
 
@@ -240,13 +235,13 @@ def test_pending_timeout_withdraws_and_holds_the_size() -> None:
     assert result.status["desiredReplicas"] == 1
     assert result.status["lastRescale"]["reason"] == "PendingTimeout"
     assert any(e.reason == "WorkersWithdrawn" for e in result.events)
-    held = plan(job(lo=1, status=parse_job_status(result.status)), [worker(0)], 3)
+    held = plan(job(lo=1, status=result.status), [worker(0)], 3)
     assert held.status["desiredReplicas"] == 1 and not held.create_workers
 
 
 def test_too_many_failures_fail_the_job_and_clean_up() -> None:
     pods = [worker(0), worker(1, phase="Failed", exit_code=2)]
-    result = plan(job(lo=1, max_restarts=1, status=running_status(pods, 2, restarts=1)), pods, 2)
+    result = plan(job(lo=1, maxRestarts=1, status=running_status(pods, 2, restarts=1)), pods, 2)
     assert result.status["phase"] == "Failed"
     [failed] = [c for c in result.status["conditions"] if c["type"] == "Failed"]
     assert failed["reason"] == "TooManyFailures" and "maxRestarts=1" in failed["message"]
@@ -267,7 +262,7 @@ def test_invalid_config_fails_at_once() -> None:
 )
 def test_success_and_clean_pod_policy(policy: str, deleted: set[str]) -> None:
     pods = [worker(0, phase="Succeeded", exit_code=0), worker(1, phase="Succeeded", exit_code=0)]
-    result = plan(job(lo=1, clean_pod_policy=policy, status=running_status(pods, 2)), pods, 2)
+    result = plan(job(lo=1, cleanPodPolicy=policy, status=running_status(pods, 2)), pods, 2)
     assert result.status["phase"] == "Succeeded"
     assert {d.name for d in result.delete} == deleted
     assert not result.create_workers

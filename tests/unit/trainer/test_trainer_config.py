@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ebbflow_trainer import contract
+from ebbflow_api import contract
 from ebbflow_trainer.config import ConfigError, TrainerConfig, from_environment
 
 VALID = {
@@ -31,12 +31,13 @@ def test_a_valid_environment_resolves() -> None:
 @pytest.mark.parametrize(
     ("overrides", "named", "advice"),
     [
-        ({contract.ENV_VIRTUAL_NODES: "6"}, contract.ENV_VIRTUAL_NODES, "divisor"),
-        ({contract.ENV_VIRTUAL_NODES: "2"}, contract.ENV_MAX_REPLICAS, "raise the virtual nodes"),
+        ({contract.ENV_VIRTUAL_NODES: "6"}, contract.ENV_VIRTUAL_NODES, "round it to a multiple"),
+        ({contract.ENV_VIRTUAL_NODES: "2"}, contract.ENV_MAX_REPLICAS, "raise virtualNodes"),
+        ({contract.ENV_VIRTUAL_NODES: "0"}, contract.ENV_VIRTUAL_NODES, "greater than or equal to 1"),
         ({contract.ENV_RDZV_ENDPOINT: ""}, contract.ENV_RDZV_ENDPOINT, "ebbflow-train rendezvous"),
         ({contract.ENV_RDZV_ENDPOINT: "rdzv"}, contract.ENV_RDZV_ENDPOINT, "host:port"),
         ({contract.ENV_RDZV_ID: ""}, contract.ENV_RDZV_ID, "unique"),
-        ({contract.ENV_MIN_REPLICAS: "5"}, contract.ENV_MAX_REPLICAS, "at least the minimum"),
+        ({contract.ENV_MIN_REPLICAS: "5"}, contract.ENV_MAX_REPLICAS, "raise max"),
         ({contract.ENV_GLOBAL_BATCH_SIZE: "many"}, contract.ENV_GLOBAL_BATCH_SIZE, "whole number"),
         ({contract.ENV_BATCHING: "greedy"}, contract.ENV_BATCHING, "static"),
         ({contract.ENV_LR_SCALING: "cubic"}, contract.ENV_LR_SCALING, "adascale"),

@@ -7,7 +7,8 @@ import socket
 import urllib.request
 from pathlib import Path
 
-from ebbflow_trainer import contract, metrics
+from ebbflow_api import contract
+from ebbflow_trainer import metrics
 from ebbflow_trainer.config import TrainerConfig
 
 

@@ -66,10 +66,6 @@ RENDEZVOUS_PORT_FLAG: Final = "--port"
 RENDEZVOUS_PORT: Final = 29400
 METRICS_PORT: Final = 9400
 
-# --- Enumerations shared by the CRD and the trainer ----------------------------------------------
-BATCHING_POLICIES: Final = ("static", "dynamic")
-LR_SCALING_POLICIES: Final = ("none", "linear", "sqrt", "adascale")
-
 # --- Exit codes ----------------------------------------------------------------------------------
 # 0 means both "training finished" and "left gracefully after SIGTERM"; the operator tells them
 # apart by whether it asked the pod to leave.

@@ -1,0 +1,439 @@
+"""The ElasticTrainingJob API in pydantic: the single source of its fields, defaults, bounds and rules.
+
+Everything else is derived from these classes: the CRD's structural schema with its CEL rules
+(`ebbflow_api.crd`, committed under crds/), the operator's parsing of jobs (`ElasticTrainingJob.
+model_validate`), and the trainer's defaults and V/B/max checks (`TrainingShape`). Python names are
+snake_case; the API's camelCase names are generated from them (one spelling each).
+
+Invariants: a default or a bound is written once, here; a cross-field rule is written once, in CEL
+(`cel_rules`), and evaluated by the API server and by `rule_violations` alike. No Kubernetes client
+or torch import, so both sides can use this module.
+"""
+
+from __future__ import annotations
+
+import datetime
+from enum import StrEnum
+from functools import cached_property
+from typing import Annotated, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+from . import contract
+from .rules import Rule, evaluate, violations
+
+# Upper bounds that catch typos (an extra zero) rather than limit real jobs.
+MAX_REPLICAS = 1024
+MAX_VIRTUAL_NODES = 65536
+MAX_GLOBAL_BATCH_SIZE = 1 << 24
+MAX_PRIORITY = 1_000_000
+MAX_RESTARTS = 1000
+MAX_LEAVE_GRACE_SECONDS = 3600
+MAX_JOB_NAME_LENGTH = 40  # leaves room for "-worker-NNNN" in 63-character pod and Service names
+MAX_GPUS_PER_WORKER = 64
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# V when spec.virtualNodes is unset. The rules below use it, and so does the operator (through
+# `TrainingShape.resolved_virtual_nodes`), so "V defaults to max" is written only here.
+VIRTUAL_NODES_OR_MAX = "(has(self.virtualNodes) ? self.virtualNodes : self.replicas.max)"
+
+
+class SchemaFormat:
+    """Annotated marker: the OpenAPI `format` of a field (`date-time`, `int64`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+DateTime = Annotated[str, SchemaFormat("date-time")]
+Int64 = Annotated[int, SchemaFormat("int64")]
+
+
+class ApiModel(BaseModel):
+    """A Kubernetes-style object part: camelCase on the wire, immutable once parsed.
+
+    `cel_rules` become the object's `x-kubernetes-validations`; `preserve_unknown` models keep
+    fields they do not declare (the pod template), others drop them (the API server prunes them).
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        frozen=True,
+        extra="ignore",
+    )
+    cel_rules: ClassVar[tuple[Rule, ...]] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The object as the API writes it: camelCase keys, unset optional fields left out."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class OpenModel(ApiModel):
+    """An object that keeps what it does not declare (x-kubernetes-preserve-unknown-fields)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def to_json(self) -> dict[str, Any]:
+        """Exactly what was given (fields left unset stay absent), extras included."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+# --- enumerations ------------------------------------------------------------------------------
+
+
+class Batching(StrEnum):
+    """static: B/V samples per virtual node; dynamic: rebalance by measured throughput."""
+
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+
+
+class LrScaling(StrEnum):
+    """Learning-rate scaling when the global batch changes."""
+
+    NONE = "none"
+    LINEAR = "linear"
+    SQRT = "sqrt"
+    ADASCALE = "adascale"
+
+
+class CleanPodPolicy(StrEnum):
+    """Which pods are deleted when the job ends."""
+
+    RUNNING = "Running"
+    ALL = "All"
+    NONE = "None"
+
+
+class Phase(StrEnum):
+    """A job's phase (status.phase); Succeeded and Failed are final."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SCALING = "Scaling"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+# --- spec ----------------------------------------------------------------------------------------
+
+_GPU_VALUES = [str(n) for n in range(MAX_GPUS_PER_WORKER + 1)]
+ResourceMap = Annotated[
+    dict[str, int | str],
+    Field(
+        max_length=16,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                Rule(
+                    f"!('{GPU_RESOURCE}' in self) || (type(self['{GPU_RESOURCE}']) == int ? "
+                    f"self['{GPU_RESOURCE}'] >= 0 && self['{GPU_RESOURCE}'] <= {MAX_GPUS_PER_WORKER} : "
+                    f"self['{GPU_RESOURCE}'] in {_GPU_VALUES})",
+                    f"{GPU_RESOURCE} must be a whole number of GPUs between 0 and {MAX_GPUS_PER_WORKER}; "
+                    "use time-slicing replicas for fractions",
+                ).schema()
+            ]
+        },
+    ),
+]
+
+
+class Resources(OpenModel):
+    limits: ResourceMap | None = Field(
+        None, description=f"Resource limits; {GPU_RESOURCE} is the GPUs each worker needs."
+    )
+    requests: ResourceMap | None = Field(None, description="Resource requests.")
+
+
+class Container(OpenModel):
+    name: str = Field(min_length=1, max_length=63, description="Container name.")
+    image: str = Field(
+        min_length=1,
+        max_length=512,
+        description="Container image (the trainer image for the trainer container).",
+    )
+    resources: Resources | None = None
+
+
+class PodSpec(OpenModel):
+    containers: list[Container] = Field(
+        min_length=1,
+        max_length=8,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                Rule(
+                    "self.all(c, size(c.image) > 0)",
+                    "every container needs an image: set spec.template.spec.containers[].image",
+                ).schema()
+            ]
+        },
+    )
+
+
+class PodTemplate(ApiModel):
+    """The worker PodTemplateSpec. The operator adds the contract's labels and environment, sets
+    restartPolicy Never and terminationGracePeriodSeconds to leaveGraceSeconds."""
+
+    metadata: dict[str, Any] | None = None
+    spec: PodSpec
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"spec": self.spec.to_json()}
+        if self.metadata is not None:
+            body["metadata"] = self.metadata
+        return body
+
+
+class Replicas(ApiModel):
+    """Worker count bounds; the operator picks the size in [min, max] that fits."""
+
+    min: int = Field(ge=1, le=MAX_REPLICAS, description="Fewest workers the job can train with.")
+    max: int = Field(
+        ge=1, le=MAX_REPLICAS, description="Most workers the job can use; `kubectl scale` sets it."
+    )
+    cel_rules = (
+        Rule(
+            "self.min <= self.max",
+            "spec.replicas.min must be <= spec.replicas.max: lower min or raise max",
+        ),
+    )
+
+
+class Checkpoint(ApiModel):
+    path: str = Field(
+        "/checkpoints",
+        max_length=1024,
+        pattern="^(/|[a-z][a-z0-9+.-]*://).+",
+        description="Where durable checkpoints go: an absolute path on a shared volume or a URL.",
+    )
+    interval_steps: int = Field(1000, ge=1, le=10_000_000, description="Steps between durable checkpoints.")
+
+
+class RendezvousSpec(ApiModel):
+    """The rendezvous pod (CPU only) that hosts the c10d store."""
+
+    port: int = Field(contract.RENDEZVOUS_PORT, ge=1024, le=65535, description="TCP port of the c10d store.")
+    join_timeout_seconds: int = Field(
+        600,
+        ge=10,
+        le=86400,
+        description="Seconds a worker waits for a rendezvous round before giving up.",
+    )
+    image: str | None = Field(
+        None,
+        min_length=1,
+        description="Image of the rendezvous pod (default: the first worker image).",
+    )
+    command: list[str] | None = Field(
+        None, max_length=64, description="Command of the rendezvous pod (default: the contract's)."
+    )
+
+
+class TrainingShape(ApiModel):
+    """What a step means: the part of the spec the trainer receives and checks with the same rules."""
+
+    replicas: Replicas
+    virtual_nodes: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_VIRTUAL_NODES,
+        description="V, the fixed number of virtual nodes (default: replicas.max); >= max.",
+    )
+    global_batch_size: int = Field(
+        ge=1, le=MAX_GLOBAL_BATCH_SIZE, description="B, samples per step; a multiple of V."
+    )
+    batching: Batching = Field(Batching.STATIC, description=Batching.__doc__)
+    lr_scaling: LrScaling = Field(LrScaling.NONE, description=LrScaling.__doc__)
+    cel_rules = (
+        Rule(
+            "!has(self.virtualNodes) || self.virtualNodes >= self.replicas.max",
+            "spec.virtualNodes must be >= spec.replicas.max: raise virtualNodes or lower max",
+            field_path=".virtualNodes",
+            reason="FieldValueInvalid",
+        ),
+        Rule(
+            f"self.globalBatchSize % {VIRTUAL_NODES_OR_MAX} == 0",
+            "spec.globalBatchSize must be a multiple of spec.virtualNodes (or of spec.replicas.max when "
+            "virtualNodes is unset): round it to a multiple",
+            field_path=".globalBatchSize",
+            reason="FieldValueInvalid",
+        ),
+        Rule(
+            f"!has(self.lrScaling) || self.lrScaling != 'adascale' || {VIRTUAL_NODES_OR_MAX} >= 2",
+            "spec.lrScaling adascale needs spec.virtualNodes >= 2 (the gradient noise scale is estimated "
+            "from the spread between virtual nodes): raise virtualNodes or choose another lrScaling",
+            field_path=".lrScaling",
+            reason="FieldValueInvalid",
+        ),
+    )
+
+    @cached_property
+    def resolved_virtual_nodes(self) -> int:
+        """V, with the API's default applied (the same CEL expression the rules use)."""
+        value: int = evaluate(VIRTUAL_NODES_OR_MAX, self.to_json())
+        return value
+
+
+class ElasticTrainingJobSpec(TrainingShape):
+    template: PodTemplate
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    priority: int = Field(
+        0,
+        ge=-MAX_PRIORITY,
+        le=MAX_PRIORITY,
+        description="Higher-priority jobs get GPUs first (up to their max).",
+    )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        le=MAX_RESTARTS,
+        description="Real worker failures (not preemptions) tolerated before Failed.",
+    )
+    leave_grace_seconds: int = Field(
+        contract.DEFAULT_LEAVE_GRACE_SECONDS,
+        ge=1,
+        le=MAX_LEAVE_GRACE_SECONDS,
+        description="Seconds a worker gets after SIGTERM to hand its state over before it is killed.",
+    )
+    clean_pod_policy: CleanPodPolicy = Field(
+        CleanPodPolicy.RUNNING,
+        description="Which pods are deleted when the job ends: Running (unfinished pods and the rendezvous "
+        "pod; finished workers stay for their logs), All, or None.",
+    )
+    rendezvous: RendezvousSpec = Field(default_factory=RendezvousSpec)
+
+
+# --- status --------------------------------------------------------------------------------------
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(ApiModel):
+    type: str
+    status: ConditionStatus
+    reason: str = ""
+    message: str = ""
+    observed_generation: Int64 = 0
+    last_transition_time: DateTime | None = None
+
+    @field_validator("last_transition_time", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return value or None
+
+
+class LastRescale(ApiModel):
+    time: DateTime
+    from_: int = Field(alias="from")
+    to: int
+    reason: str
+
+
+class Progress(ApiModel):
+    """Latest report of the trainers (rank 0)."""
+
+    step: Int64 | None = None
+    samples: Int64 | None = None
+    loss: float | None = None
+    samples_per_second: float | None = None
+    time: str | None = None
+
+
+class ElasticTrainingJobStatus(ApiModel):
+    phase: Phase | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observed_generation: Int64 | None = None
+    replicas: int | None = Field(None, description="Worker pods that exist and are not leaving.")
+    ready_replicas: int | None = Field(None, description="Workers running and ready.")
+    desired_replicas: int | None = Field(None, description="The allocator's size for the job.")
+    selector: str | None = Field(None, description="Label selector of the worker pods.")
+    world_generation: Int64 | None = None
+    last_rescale: LastRescale | None = None
+    preemptions: Int64 | None = None
+    restarts: Int64 | None = None
+    worker_nodes: dict[str, str] = Field(
+        default_factory=dict,
+        description="Worker pods as last observed (or just created) and their nodes ('' while "
+        "unscheduled); a bound worker that vanishes from here without the operator deleting it was "
+        "preempted.",
+    )
+    hold_replicas: int | None = Field(
+        None, description="After a pending timeout the job stays at most this big until holdUntil."
+    )
+    hold_until: DateTime | None = None
+    start_time: DateTime | None = None
+    completion_time: DateTime | None = None
+    progress: Progress | None = None
+
+
+# --- the object ----------------------------------------------------------------------------------
+
+
+class ObjectMeta(ApiModel):
+    """The metadata fields the operator reads; the API server owns their schema."""
+
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    generation: int = 0
+    creation_timestamp: str | None = None
+
+
+class ElasticTrainingJob(ApiModel):
+    metadata: ObjectMeta
+    spec: ElasticTrainingJobSpec
+    status: ElasticTrainingJobStatus = Field(default_factory=ElasticTrainingJobStatus)
+    cel_rules = (
+        Rule(
+            f"size(self.metadata.name) <= {MAX_JOB_NAME_LENGTH}",
+            f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters (pod and Service names are "
+            "derived from it): choose a shorter name",
+        ),
+        Rule(
+            "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+            "metadata.name must start with a letter and contain only lowercase letters, digits and '-' "
+            "(it names Services): rename the job",
+        ),
+    )
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _null_status_is_empty(cls, value: object) -> object:
+        return {} if value is None else value
+
+
+def rule_violations(model: ApiModel, path: str = "") -> list[tuple[str, Rule]]:
+    """Every CEL rule `model` (and the models inside it) breaks, with the path of the object."""
+    found = [(path, rule) for rule in violations(type(model).cel_rules, model.to_json())]
+    for name, value in model:
+        alias = type(model).model_fields[name].alias or name
+        if isinstance(value, ApiModel):
+            found += rule_violations(value, f"{path}.{alias}" if path else alias)
+    return found
+
+
+def format_time(seconds: float) -> str:
+    """POSIX seconds -> the RFC 3339 form Kubernetes writes (second precision, UTC)."""
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC).replace(microsecond=0)
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def parse_time(value: str | None) -> float | None:
+    """RFC 3339 timestamp -> POSIX seconds."""
+    if not value:
+        return None
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()

@@ -1,0 +1,81 @@
+"""Test-object builders shared by every tier (Kueue style): jobs, pods and nodes as the decision
+layer sees them, built from a few arguments with the rest defaulted to something valid.
+
+Jobs go through the real parsing path (`JobBuilder` manifest -> `parse_job`), so a test can never
+hold a job the API server would not accept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ebbflow_api import contract
+from ebbflow_api.builders import JobBuilder
+from ebbflow_operator.model import Job, Node, Pod, format_time, parse_job
+
+NOW = 1_000_000.0
+SPOT = {"karpenter.sh/capacity-type": "spot"}
+ON_DEMAND = {"karpenter.sh/capacity-type": "on-demand"}
+
+
+def make_job(
+    builder: JobBuilder,
+    *,
+    namespace: str = "ns",
+    age: float = 3600.0,
+    generation: int = 1,
+    status: dict[str, Any] | None = None,
+) -> Job:
+    """The job as the operator parses it after the API server stored it `age` seconds before NOW."""
+    raw = builder.obj()
+    metadata = raw["metadata"]
+    metadata.setdefault("namespace", namespace)
+    metadata["uid"] = f"uid-{metadata['name']}"
+    metadata["generation"] = generation
+    metadata["creationTimestamp"] = format_time(NOW - age)
+    raw["status"] = status or {}
+    return parse_job(raw)
+
+
+def make_worker(
+    job: Job,
+    index: int,
+    node: str | None = "od-0",
+    phase: str = "Running",
+    age: float = 100,
+    **fields: Any,
+) -> Pod:
+    """One of `job`'s worker pods; ready when running on a node unless told otherwise."""
+    values: dict[str, Any] = {
+        "name": f"{job.name}-worker-{index}",
+        "namespace": job.namespace,
+        "uid": f"uid-{job.name}-{index}",
+        "job": job.name,
+        "role": contract.ROLE_WORKER,
+        "owner_uid": job.uid,
+        "node": node,
+        "phase": phase,
+        "gpus": job.gpus_per_worker,
+        "created": NOW - age,
+        "ready": phase == "Running" and node is not None,
+    }
+    values.update(fields)
+    return Pod(**values)
+
+
+def make_rendezvous(job: Job, node: str = "od-0") -> Pod:
+    return Pod(
+        name=f"{job.name}-rdzv",
+        namespace=job.namespace,
+        uid=f"uid-{job.name}-rdzv",
+        job=job.name,
+        role=contract.ROLE_RENDEZVOUS,
+        owner_uid=job.uid,
+        node=node,
+        phase="Running",
+        ready=True,
+    )
+
+
+def make_node(name: str, gpus: int = 4, spot: bool = False, **fields: Any) -> Node:
+    return Node(name, gpus, labels=dict(SPOT if spot else ON_DEMAND), **fields)
