@@ -6,10 +6,15 @@ Passes read it instead of listing the cluster every time: listing 2000 pods cost
 small control plane. Versions are ordered by resourceVersion (etcd revisions), so a late event or
 a list taken before a write never overwrites something newer, and a full list never resurrects an
 object deleted while it was being taken.
+
+An object version the parser rejects (e.g. a job from a newer schema) is left out, like an unknown
+kind, but not silently: it is logged at WARNING and counted (`on_unparsable`) once per uid and
+resourceVersion, however many relists bring it again.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -18,6 +23,10 @@ from typing import Generic, TypeVar
 from .model import Json
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+PARSE_ERRORS = (KeyError, TypeError, ValueError)  # what a parser raises for an object it cannot read
 
 
 def _version(raw: Json) -> int:
@@ -46,11 +55,20 @@ class _Entry(Generic[T]):
 class Store(Generic[T]):
     """One kind of object, parsed once when it arrives. Thread-safe."""
 
-    def __init__(self, parse: Callable[[Json], T]) -> None:
+    def __init__(
+        self,
+        parse: Callable[[Json], T],
+        kind: str = "objects",
+        on_unparsable: Callable[[], object] | None = None,
+    ) -> None:
+        """`on_unparsable` is called once per object version the parser rejects (a metric's inc)."""
         self._parse = parse
+        self._kind = kind
+        self._on_unparsable = on_unparsable
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry[T]] = {}
         self._deleted: dict[str, int] = {}  # uid -> version of the deletion (tombstones)
+        self._unparsable: set[tuple[str, int]] = set()  # (uid, version) already reported
 
     def apply(self, raw: Json, deleted: bool = False) -> None:
         """An event or a write's answer: kept unless something newer is already known.
@@ -69,8 +87,11 @@ class Store(Generic[T]):
                 return
             try:
                 value = self._parse(raw)
-            except (KeyError, TypeError, ValueError):
-                return  # unreadable (e.g. a job from a newer schema): ignored like an unknown kind
+            except PARSE_ERRORS as error:
+                if (uid, version) not in self._unparsable:
+                    self._unparsable.add((uid, version))
+                    self._report(key, version, error)
+                return
             self._entries[key] = _Entry(version, uid, value)
 
     def replace(self, items: Iterable[Json], list_version: int) -> list[str]:
@@ -79,12 +100,21 @@ class Store(Generic[T]):
         Returns the keys the watches had not told about (new, changed or gone): drift.
         """
         listed: dict[str, _Entry[T]] = {}
+        rejected: list[tuple[str, str, int, Exception]] = []
         for raw in items:
+            key, version, uid = _key(raw), _version(raw), _uid(raw)
             try:
-                listed[_key(raw)] = _Entry(_version(raw), _uid(raw), self._parse(raw))
-            except (KeyError, TypeError, ValueError):
-                continue
+                listed[key] = _Entry(version, uid, self._parse(raw))
+            except PARSE_ERRORS as error:
+                rejected.append((key, uid, version, error))
         with self._lock:
+            for key, uid, version, reason in rejected:
+                if (uid, version) not in self._unparsable:
+                    self._report(key, version, reason)
+            # Remember only what can come again: this list's rejects and newer events' rejects.
+            self._unparsable = {(uid, version) for _, uid, version, _ in rejected} | {
+                (uid, version) for uid, version in self._unparsable if version > list_version
+            }
             merged = {}
             for key, entry in listed.items():
                 if entry.uid in self._deleted:
@@ -103,6 +133,18 @@ class Store(Generic[T]):
             self._entries = merged
             self._deleted = {k: v for k, v in self._deleted.items() if v > list_version}
         return drift
+
+    def _report(self, key: str, version: int, error: Exception) -> None:
+        """A rejected object version, seen for the first time: say so, and count it."""
+        log.warning(
+            "cache: ignoring %s %s at resourceVersion %d, which cannot be parsed: %s",
+            self._kind,
+            key,
+            version,
+            str(error)[:512],
+        )
+        if self._on_unparsable is not None:
+            self._on_unparsable()
 
     def values(self) -> list[T]:
         with self._lock:

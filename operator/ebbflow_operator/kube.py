@@ -1,5 +1,8 @@
 """Kubernetes I/O: the only code that talks to the API. Lists come back as raw JSON (fast, and the
 decision layer parses what it needs); writes are idempotent: AlreadyExists and NotFound are success.
+
+Every failed call raises the operator's own `KubeError` (errors.py), converted in `_request`: the
+client library's exceptions never leave this module, so nothing above it imports the client.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from ebbflow_api import contract
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from .errors import KubeError
 from .model import Json, format_time
 
 log = logging.getLogger(__name__)
@@ -37,7 +41,7 @@ class KubeIO:
         query: Sequence[tuple[str, str]] = (),
         content_type: str = "application/json",
     ) -> Json:
-        """One API call with a JSON body; raises ApiException for any non-2xx answer."""
+        """One API call with a JSON body; raises KubeError for any non-2xx answer."""
         headers = {"Accept": "application/json", "Content-Type": content_type}
         method, url, headers, payload, _ = self.api.param_serialize(
             method=method,
@@ -47,10 +51,14 @@ class KubeIO:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(method, url, headers, payload)
+        try:
+            response = self.api.call_api(method, url, headers, payload)
+        except ApiException as error:  # the client's own failures (e.g. TLS): status 0
+            raise KubeError(error.status or 0, str(error.reason or ""), str(error.body or "")) from error
         data = response.read()
         if not 200 <= response.status < 300:
-            raise ApiException(http_resp=response, body=data.decode(errors="replace") if data else None)
+            text = data.decode(errors="replace") if data else ""
+            raise KubeError(int(response.status), str(response.reason or ""), text)
         result: Json = json.loads(data) if data else {}
         return result
 
@@ -142,7 +150,7 @@ def _tolerate(statuses: int | tuple[int, ...], call: Any, *args: Any) -> Json | 
     accepted = (statuses,) if isinstance(statuses, int) else statuses
     try:
         result: Json = call(*args)
-    except ApiException as error:
+    except KubeError as error:
         if error.status not in accepted:
             raise
         log.debug("%s %s: already done (%s)", args[0], args[1], error.status)

@@ -38,6 +38,12 @@ class Metrics:
         )
         self.reconcile_errors = Counter("ebbflow_reconcile_errors", "Failed passes or writes.", registry=r)
         self.gpus = Gauge("ebbflow_cluster_gpus", "GPUs on usable selected nodes.", ["state"], registry=r)
+        self.cache_unparsable = Counter(
+            "ebbflow_cache_unparsable_objects",
+            "Object versions the operator could not parse and ignores (e.g. a job from a newer schema).",
+            ["kind"],
+            registry=r,
+        )
         self._jobs_seen: set[JobKey] = set()
 
     def serve(self, port: int, address: str = "0.0.0.0") -> None:

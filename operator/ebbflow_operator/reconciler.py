@@ -1,10 +1,15 @@
-"""One reconcile pass over the whole cluster, and the loop that runs passes when something changes.
+"""The reconcile loop: runs a pass over the whole cluster whenever something changes, and applies
+the plans it decides.
 
-Level-triggered: a pass lists nodes, pods, Services and jobs, recomputes every job's size with the
-allocator and every job's plan with the planner, then applies the plans. Nothing is carried from
-one pass to the next except what the API holds (the jobs' status), so a restarted operator picks
-up exactly where the old one stopped. Watch events only wake the loop; a periodic resync covers
-anything no event announces (e.g. other workloads' pods).
+Level-triggered: a pass reads the cache (nodes, pods, Services and jobs, fed by watch events and
+periodic full lists), calls the pure `decide` (decide.py) for every job's plan, then applies the
+plans. Nothing is carried from one pass to the next except what the API holds (the jobs' status),
+so a restarted operator picks up exactly where the old one stopped. Watch events only wake the
+loop; a periodic resync covers anything no event announces (e.g. other workloads' pods).
+
+Invariants: every write goes through `ClusterIO` (KubeIO in production, an in-memory fake in
+tests) and fails only with `KubeError`; per job, the status write comes first and nothing else is
+written when it fails; deletions come before creations.
 """
 
 from __future__ import annotations
@@ -13,120 +18,53 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from ebbflow_api import contract
-from kubernetes.client.exceptions import ApiException
 
 from . import manifests
-from .allocator import Demand, Policy, PriorityFairShare
+from .allocator import Policy, PriorityFairShare
 from .cache import Store
-from .capacity import cluster_capacity, eligible_nodes, matches_selector
-from .kube import KubeIO
+from .decide import OperatorConfig, PassResult, decide
+from .errors import KubeError
 from .metrics import Metrics
 from .model import Job, JobKey, Json, Node, Pod, parse_job, parse_node, parse_pod
-from .planner import TERMINAL_PHASES, Observed, Plan, PlannerConfig, hold_cap, plan_job
+from .planner import Plan
+
+__all__ = ["ClusterIO", "OperatorConfig", "PassResult", "Reconciler"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class OperatorConfig:
-    namespaces: tuple[str, ...] = ()  # empty: every namespace
-    node_selector: Mapping[str, str] = field(default_factory=dict)  # only these nodes are allocated
-    planner: PlannerConfig = field(default_factory=PlannerConfig)
-    resync_interval: float = 30.0  # a pass at least this often
-    relist_interval: float = 60.0  # full lists at least this often (the cache is fed by watches)
-    debounce: float = 0.05  # gather a burst of watch events into one pass
-    write_concurrency: int = 8
+class ClusterIO(Protocol):
+    """What the reconciler reads and writes the cluster through (KubeIO implements it).
 
+    Lists return raw objects and the resourceVersion they were taken at. Writes return the object
+    as the API server now has it, or None when there was nothing to do; they are idempotent and
+    raise KubeError on failure.
+    """
 
-@dataclass(frozen=True)
-class PassResult:
-    plans: tuple[Plan, ...]
-    total_gpus: int
-    free_gpus: int
-
-
-def _frozen(job: Job, workers: list[Pod]) -> bool:
-    """Finished jobs and jobs whose workers have started finishing get no allocation."""
-    return job.status.phase in TERMINAL_PHASES or any(
-        p.phase == "Succeeded" and p.owner_uid == job.uid for p in workers
-    )
-
-
-def decide(
-    nodes: list[Node],
-    pods: list[Pod],
-    jobs: list[Job],
-    services: Mapping[JobKey, frozenset[str]],
-    now: float,
-    config: OperatorConfig,
-    policy: Policy,
-) -> PassResult:
-    """Observed state in, plans out: capacity, then allocation across jobs, then each job's plan."""
-    by_name = {node.name: node for node in nodes}
-    selected = [node for node in nodes if matches_selector(node, config.node_selector)]
-    job_pods: dict[JobKey, list[Pod]] = defaultdict(list)
-    for pod in pods:
-        if pod.job is not None:
-            job_pods[(pod.namespace, pod.job)].append(pod)
-    movable: list[Pod] = []
-    demands: list[Demand] = []
-    eligible: dict[JobKey, frozenset[str]] = {}
-    shapes: dict[object, frozenset[str]] = {}  # jobs with the same selector and tolerations share nodes
-    for job in jobs:
-        workers = [p for p in job_pods[job.key] if p.role == contract.ROLE_WORKER]
-        shape = (tuple(sorted(job.node_selector.items())), job.tolerations)
-        if shape not in shapes:
-            shapes[shape] = eligible_nodes(selected, job)
-        eligible[job.key] = shapes[shape]
-        if _frozen(job, workers):
-            continue
-        held = [p for p in workers if p.owner_uid == job.uid and p.holds_gpus and p.node in by_name]
-        running = [p for p in held if not p.deleting]
-        # Workers this job is already giving up are about to free their GPUs: count them as the
-        # job's to hand out, or the next pass sees a transient shortage and takes a lower-priority
-        # job below its minimum (to 0) while its shrink is still in flight.
-        movable += held
-        cap = hold_cap(job, now)
-        demands.append(
-            Demand(
-                key=job.key,
-                min=job.spec.replicas.min,
-                max=job.spec.replicas.max if cap is None else min(cap, job.spec.replicas.max),
-                gpus_per_worker=job.gpus_per_worker,
-                eligible=eligible[job.key],
-                priority=job.spec.priority,
-                created=job.created,
-                current_nodes=tuple(sorted(p.node for p in running if p.node)),
-            )
-        )
-    capacity = cluster_capacity(selected, pods, movable)
-    allocation = policy.allocate(demands, capacity.free)
-    plans = []
-    for job in jobs:
-        observed = Observed(
-            pods=job_pods[job.key],
-            services=services.get(job.key, frozenset()),
-            nodes=by_name,
-            desired=allocation.get(job.key, 0),
-            free_gpus=sum(capacity.free.get(name, 0) for name in eligible[job.key]),
-        )
-        plans.append(plan_job(job, observed, now, config.planner))
-    used = sum(p.gpus for p in pods if p.holds_gpus and p.node in capacity.free)
-    return PassResult(tuple(plans), capacity.total, max(0, capacity.total - used))
+    def list_nodes(self) -> tuple[list[Json], int]: ...
+    def list_pods(self) -> tuple[list[Json], int]: ...
+    def list_jobs(self) -> tuple[list[Json], int]: ...
+    def list_services(self) -> tuple[list[Json], int]: ...
+    def create_pod(self, namespace: str, body: Json) -> Json | None: ...
+    def create_service(self, namespace: str, body: Json) -> Json | None: ...
+    def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> Json | None: ...
+    def patch_job_status(self, namespace: str, name: str, patch: Json) -> Json | None: ...
+    def record_event(
+        self, namespace: str, name: str, uid: str, type_: str, reason: str, message: str, now: float
+    ) -> None: ...
 
 
 class Reconciler:
     """Runs passes: on demand (`trigger`, from watch events) and every `resync_interval` seconds."""
 
     def __init__(
-        self, io: KubeIO, config: OperatorConfig, metrics: Metrics, policy: Policy | None = None
+        self, io: ClusterIO, config: OperatorConfig, metrics: Metrics, policy: Policy | None = None
     ) -> None:
         self.io = io
         self.config = config
@@ -135,11 +73,15 @@ class Reconciler:
         self._wake = threading.Event()
         self._first_trigger: float | None = None
         self._pool = ThreadPoolExecutor(config.write_concurrency, thread_name_prefix="ebbflow-write")
+        parsers: dict[str, Callable[[Json], Any]] = {
+            "nodes": parse_node,
+            "pods": parse_pod,
+            "jobs": parse_job,
+            "services": _service_key,
+        }
         self.stores: dict[str, Store[Any]] = {
-            "nodes": Store(parse_node),
-            "pods": Store(parse_pod),
-            "jobs": Store(parse_job),
-            "services": Store(_service_key),
+            kind: Store(parse, kind, metrics.cache_unparsable.labels(kind).inc)
+            for kind, parse in parsers.items()
         }
         self._listed_at = 0.0
 
@@ -243,9 +185,31 @@ class Reconciler:
     def _apply(self, plan: Plan) -> int:
         """Status first (it records what the deletions mean), then deletions, creations, events.
 
-        When the status write fails nothing else is done: the next pass plans again.
+        When the status write fails nothing else is done: the next pass plans again. Any other
+        failed write is counted and reported, and the rest go ahead. Returns the failures.
         """
-        job, io, now = plan.job, self.io, time.time()
+        job, now = plan.job, time.time()
+        failures = 0
+        for number, (step, store) in enumerate(self._steps(plan)):
+            try:
+                answer = step()
+            except KubeError as error:
+                failures += 1
+                message = f"{error.status} {error.reason}: {error.body[:512]}"
+                log.warning("%s/%s: write failed: %s", job.namespace, job.name, message)
+                self._event(job, "Warning", "ReconcileError", message, now)
+                if number == 0 and plan.status_patch:
+                    return failures
+                continue
+            if answer and answer.get("kind") != "Status":
+                store.apply(answer)
+        for event in plan.events:
+            self._event(job, event.type, event.reason, event.message, now)
+        return failures
+
+    def _steps(self, plan: Plan) -> list[tuple[Callable[[], Json | None], Store[Any]]]:
+        """The plan's writes in the order they must happen, each with the store its answer feeds."""
+        job, io = plan.job, self.io
         ns = job.namespace
         pods, jobs, services = self.stores["pods"], self.stores["jobs"], self.stores["services"]
         steps: list[tuple[Callable[[], Json | None], Store[Any]]] = []
@@ -262,28 +226,12 @@ class Reconciler:
             (partial(io.create_pod, ns, manifests.worker_pod(job, i, g)), pods)
             for i, g in plan.create_workers
         ]
-        failures = 0
-        for number, (step, store) in enumerate(steps):
-            try:
-                answer = step()
-            except ApiException as error:
-                failures += 1
-                message = f"{error.status} {error.reason}: {str(error.body)[:512]}"
-                log.warning("%s/%s: write failed: %s", job.namespace, job.name, message)
-                self._event(job, "Warning", "ReconcileError", message, now)
-                if number == 0 and plan.status_patch:
-                    return failures
-                continue
-            if answer and answer.get("kind") != "Status":
-                store.apply(answer)
-        for event in plan.events:
-            self._event(job, event.type, event.reason, event.message, now)
-        return failures
+        return steps
 
     def _event(self, job: Job, type_: str, reason: str, message: str, now: float) -> None:
         try:
             self.io.record_event(job.namespace, job.name, job.uid, type_, reason, message, now)
-        except ApiException as error:
+        except KubeError as error:
             log.warning("%s/%s: event not recorded: %s", job.namespace, job.name, error.status)
 
 

@@ -3,6 +3,7 @@ and full lists arrive in (resourceVersions decide)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -68,3 +69,34 @@ def test_unreadable_objects_are_skipped() -> None:
     store.replace([obj("1", 1), obj("x", 1)], 1)
     store.apply(obj("y", 2))
     assert store.values() == [1]
+
+
+def parse_number(raw: dict[str, Any]) -> int:
+    return int(raw["metadata"]["name"])
+
+
+def test_an_unparsable_object_is_logged_and_counted_once(caplog: pytest.LogCaptureFixture) -> None:
+    counted: list[None] = []
+    store: Store[int] = Store(parse_number, "numbers", lambda: counted.append(None))
+    with caplog.at_level(logging.WARNING, logger="ebbflow_operator.cache"):
+        for _ in range(3):  # relists, and events in between, bring the same version again
+            store.replace([obj("1", 1), obj("x", 1)], 1)
+            store.apply(obj("x", 1))
+        assert len(counted) == 1
+        store.apply(obj("x", 2))  # a new version of it is news
+        store.replace([obj("1", 1), obj("x", 2)], 2)
+    assert store.values() == [1]
+    assert len(counted) == 2
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert "numbers ns/x at resourceVersion 1" in warnings[0].getMessage()
+    assert "invalid literal for int()" in warnings[0].getMessage()
+
+
+def test_a_valid_object_still_goes_in_next_to_an_unparsable_one() -> None:
+    store: Store[int] = Store(parse_number)
+    store.apply(obj("x", 1))
+    store.apply(obj("2", 1))
+    store.replace([obj("x", 3), obj("3", 3)], 3)
+    store.apply(obj("4", 4))
+    assert sorted(store.values()) == [3, 4]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from ebbflow_api import contract
 from ebbflow_api.builders import JobBuilder
 from ebbflow_operator.allocator import PriorityFairShare
+from ebbflow_operator.decide import OperatorConfig, decide
 from ebbflow_operator.model import Job, Node, Pod
-from ebbflow_operator.reconciler import OperatorConfig, decide
 
 from tests.builders import make_job
 

@@ -1,0 +1,187 @@
+"""The Reconciler's writes, through an in-memory fake of its own `ClusterIO` interface (not of the
+Kubernetes API): the order a plan is applied in, and what a failed write stops."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from ebbflow_api.builders import JobBuilder
+from ebbflow_operator import manifests
+from ebbflow_operator.decide import OperatorConfig
+from ebbflow_operator.errors import KubeError
+from ebbflow_operator.metrics import Metrics
+from ebbflow_operator.model import Json, format_time
+from ebbflow_operator.planner import Deletion, Event, Plan
+from ebbflow_operator.reconciler import Reconciler
+
+from tests.builders import NOW, make_job
+
+Call = tuple[str, str]  # (operation, object name; the reason for events)
+
+
+class FakeCluster:
+    """Records every call in order. `fail` maps "operation" or "operation name" to the error that
+    call raises. Writes answer None (nothing for the cache to learn)."""
+
+    def __init__(self, fail: dict[str, KubeError] | None = None) -> None:
+        self.fail = fail or {}
+        self.calls: list[Call] = []
+        self.jobs: list[Json] = []
+
+    def _call(self, operation: str, name: str) -> None:
+        self.calls.append((operation, name))
+        error = self.fail.get(f"{operation} {name}") or self.fail.get(operation)
+        if error is not None:
+            raise error
+
+    def list_nodes(self) -> tuple[list[Json], int]:
+        return [], 1
+
+    def list_pods(self) -> tuple[list[Json], int]:
+        return [], 1
+
+    def list_jobs(self) -> tuple[list[Json], int]:
+        return list(self.jobs), 1
+
+    def list_services(self) -> tuple[list[Json], int]:
+        return [], 1
+
+    def create_pod(self, namespace: str, body: Json) -> Json | None:
+        self._call("create_pod", body["metadata"]["name"])
+        return None
+
+    def create_service(self, namespace: str, body: Json) -> Json | None:
+        self._call("create_service", body["metadata"]["name"])
+        return None
+
+    def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> Json | None:
+        self._call("delete_pod", name)
+        return None
+
+    def patch_job_status(self, namespace: str, name: str, patch: Json) -> Json | None:
+        self._call("patch_job_status", name)
+        return None
+
+    def record_event(
+        self, namespace: str, name: str, uid: str, type_: str, reason: str, message: str, now: float
+    ) -> None:
+        self._call("record_event", reason)
+
+
+JOB = make_job(JobBuilder("train").replicas(1, 4))
+RDZV = manifests.rendezvous_name("train")
+HEADLESS = manifests.headless_service_name("train")
+FULL = Plan(
+    job=JOB,
+    status_patch={"desiredReplicas": 2},
+    delete=(Deletion("train-worker-3", "uid-train-3", 30, "scale down"),),
+    create_rendezvous_pod=True,
+    create_services=(RDZV, HEADLESS),
+    create_workers=((4, 2),),
+    events=(Event("Normal", "Rescaled", "3 -> 2 workers"),),
+)
+STATUS: Call = ("patch_job_status", "train")
+DELETE: Call = ("delete_pod", "train-worker-3")
+CREATES: list[Call] = [
+    ("create_pod", RDZV),
+    ("create_service", RDZV),
+    ("create_service", HEADLESS),
+    ("create_pod", "train-worker-4"),
+]
+RESCALED: Call = ("record_event", "Rescaled")
+ERROR: Call = ("record_event", "ReconcileError")
+
+
+def reconciler(cluster: FakeCluster, metrics: Metrics | None = None) -> Reconciler:
+    return Reconciler(cluster, OperatorConfig(), metrics or Metrics())
+
+
+@pytest.mark.parametrize(
+    ("plan", "fail", "calls", "failures"),
+    [
+        pytest.param(
+            FULL, {}, [STATUS, DELETE, *CREATES, RESCALED], 0, id="status-then-deletions-then-creations"
+        ),
+        pytest.param(
+            FULL, {"patch_job_status": KubeError(500)}, [STATUS, ERROR], 1, id="status-fails-nothing-else"
+        ),
+        pytest.param(
+            FULL, {"patch_job_status": KubeError(422, "Invalid")}, [STATUS, ERROR], 1, id="status-rejected"
+        ),
+        pytest.param(
+            FULL,
+            {"delete_pod": KubeError(500)},
+            [STATUS, DELETE, ERROR, *CREATES, RESCALED],
+            1,
+            id="deletion-fails-creations-go-on",
+        ),
+        pytest.param(
+            replace(FULL, status_patch={}),
+            {"delete_pod": KubeError(500)},
+            [DELETE, ERROR, *CREATES, RESCALED],
+            1,
+            id="no-status-patch-a-first-failure-is-not-fatal",
+        ),
+        pytest.param(
+            FULL,
+            {f"create_pod {RDZV}": KubeError(403, "Forbidden")},
+            [STATUS, DELETE, CREATES[0], ERROR, *CREATES[1:], RESCALED],
+            1,
+            id="creation-fails-others-go-on",
+        ),
+        pytest.param(
+            FULL,
+            {"record_event": KubeError(500)},
+            [STATUS, DELETE, *CREATES, RESCALED],
+            0,
+            id="events-are-best-effort",
+        ),
+        pytest.param(
+            Plan(job=JOB, events=(Event("Warning", "Preempted", "lost 1"),)),
+            {},
+            [("record_event", "Preempted")],
+            0,
+            id="events-only",
+        ),
+    ],
+)
+def test_apply_order(plan: Plan, fail: dict[str, KubeError], calls: list[Call], failures: int) -> None:
+    cluster = FakeCluster(fail)
+    assert reconciler(cluster)._apply(plan) == failures
+    assert cluster.calls == calls
+
+
+def raw_job(name: str, **spec: Any) -> Json:
+    raw = JobBuilder(name).replicas(1, 2).obj()
+    metadata = {"namespace": "ns", "uid": f"uid-{name}", "generation": 1, "resourceVersion": "5"}
+    raw["metadata"].update(metadata, creationTimestamp=format_time(NOW))
+    raw["spec"].update(spec)
+    return raw
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_a_failed_status_write_is_counted_and_stops_the_pass_for_that_job() -> None:
+    metrics = Metrics()
+    cluster = FakeCluster({"patch_job_status": KubeError(500, "Internal Server Error")})
+    cluster.jobs = [raw_job("train")]
+    loop = reconciler(cluster, metrics)
+    loop.relist()
+    loop.run_pass(now=NOW)
+    assert cluster.calls == [STATUS, ERROR]
+    assert sample(metrics, "ebbflow_reconcile_errors_total") == 1
+
+
+def test_the_cache_counts_unparsable_objects_in_metrics() -> None:
+    metrics = Metrics()
+    loop = reconciler(FakeCluster(), metrics)
+    broken = raw_job("broken", replicas="many")
+    for _ in range(3):
+        loop.observe_event("jobs", broken, deleted=False)
+    loop.observe_event("jobs", raw_job("fine"), deleted=False)
+    assert [job.name for job in loop.stores["jobs"].values()] == ["fine"]
+    assert sample(metrics, "ebbflow_cache_unparsable_objects_total", kind="jobs") == 1
