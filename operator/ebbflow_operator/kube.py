@@ -15,6 +15,7 @@ from typing import Any
 from ebbflow_api import contract
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from .errors import KubeError
 from .model import Json, format_time
@@ -55,6 +56,8 @@ class KubeIO:
             response = self.api.call_api(method, url, headers, payload)
         except ApiException as error:  # the client's own failures (e.g. TLS): status 0
             raise KubeError(error.status or 0, str(error.reason or ""), str(error.body or "")) from error
+        except HTTPError as error:  # no answer at all: connection refused, reset, timed out
+            raise KubeError(0, type(error).__name__, str(error)) from error
         data = response.read()
         if not 200 <= response.status < 300:
             text = data.decode(errors="replace") if data else ""
