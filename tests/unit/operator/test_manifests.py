@@ -1,0 +1,505 @@
+"""The objects the operator creates for a job: worker pods, the rendezvous pod and the Services."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from typing import Any
+
+import pytest
+from ebbflow_api import contract
+from ebbflow_api.builders import DEFAULT_IMAGE, JobBuilder
+from ebbflow_api.models import GPU_RESOURCE, MAX_JOB_NAME_LENGTH, MAX_REPLICAS
+from ebbflow_operator import manifests
+from ebbflow_operator.model import Job, format_time, parse_job, parse_pod
+
+from tests.builders import NOW, make_job
+
+Json = dict[str, Any]
+
+CONTRACT_ENV = (
+    contract.ENV_JOB_NAME,
+    contract.ENV_NAMESPACE,
+    contract.ENV_POD_NAME,
+    contract.ENV_RDZV_ENDPOINT,
+    contract.ENV_RDZV_ID,
+    contract.ENV_RDZV_JOIN_TIMEOUT_SECONDS,
+    contract.ENV_MIN_REPLICAS,
+    contract.ENV_MAX_REPLICAS,
+    contract.ENV_VIRTUAL_NODES,
+    contract.ENV_GLOBAL_BATCH_SIZE,
+    contract.ENV_BATCHING,
+    contract.ENV_LR_SCALING,
+    contract.ENV_WORLD_GENERATION,
+    contract.ENV_CHECKPOINT_PATH,
+    contract.ENV_CHECKPOINT_INTERVAL_STEPS,
+    contract.ENV_METRICS_PORT,
+    contract.ENV_LEAVE_GRACE_SECONDS,
+)
+
+
+def env_of(container: Json) -> dict[str, str]:
+    """name -> value of the plain (not valueFrom) variables; duplicates are checked separately."""
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def env_names(container: Json) -> list[str]:
+    return [e["name"] for e in container.get("env", [])]
+
+
+def full_job() -> Job:
+    """A job whose template uses most of what a pod template can carry."""
+    builder = (
+        JobBuilder("train", "ml")
+        .replicas(2, 4)
+        .gpus(2)
+        .cpu("4")
+        .command("python", "-m", "ebbflow_trainer", "run", "train.py")
+        .env(HF_HOME="/cache", **{contract.ENV_VIRTUAL_NODES: "999", contract.ENV_RDZV_ID: "stale"})
+        .node_selector({"gpu": "a100"})
+        .toleration("ebbflow.dev/spot", "NoSchedule")
+        .pod_spec(
+            volumes=[{"name": "ckpt", "persistentVolumeClaim": {"claimName": "ckpt"}}],
+            affinity={"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+            serviceAccountName="trainer",
+            priorityClassName="high",
+            imagePullSecrets=[{"name": "registry"}],
+            securityContext={"runAsNonRoot": True},
+            restartPolicy="OnFailure",
+            terminationGracePeriodSeconds=1,
+        )
+        .set(leaveGraceSeconds=17)
+    )
+    raw = builder.obj()
+    raw["spec"]["template"]["metadata"] = {
+        "labels": {"team": "vision", contract.LABEL_ROLE: "spoofed"},
+        "annotations": {"sidecar.istio.io/inject": "false"},
+    }
+    raw["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "ckpt", "mountPath": "/ckpt"}
+    ]
+    raw["spec"]["template"]["spec"]["containers"].append(
+        {"name": "sidecar", "image": "busybox", "env": [{"name": "SIDE", "value": "1"}]}
+    )
+    raw["metadata"].update(uid="uid-train", generation=1, creationTimestamp=format_time(NOW))
+    return parse_job(raw)
+
+
+# --- worker_pod ----------------------------------------------------------------------------------
+
+
+def test_worker_pod_metadata() -> None:
+    job = full_job()
+    pod = manifests.worker_pod(job, 3, world_generation=9)
+    metadata = pod["metadata"]
+    assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
+    assert (metadata["name"], metadata["namespace"]) == ("train-worker-3", "ml")
+    assert metadata["labels"] == {
+        "team": "vision",  # the template's own label is kept
+        contract.LABEL_JOB_NAME: "train",
+        contract.LABEL_ROLE: contract.ROLE_WORKER,  # a template cannot spoof the role
+        contract.LABEL_WORKER_INDEX: "3",
+    }
+    assert metadata["annotations"] == {
+        "sidecar.istio.io/inject": "false",
+        contract.ANNOTATION_WORLD_GENERATION: "9",
+    }
+    assert metadata["ownerReferences"] == [
+        {
+            "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
+            "kind": contract.KIND,
+            "name": "train",
+            "uid": "uid-train",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def test_worker_pod_spec_overrides() -> None:
+    job = full_job()
+    spec = manifests.worker_pod(job, 3, world_generation=9)["spec"]
+    assert spec["restartPolicy"] == "Never"  # the template said OnFailure
+    assert spec["terminationGracePeriodSeconds"] == 17 == job.spec.leave_grace_seconds
+    assert spec["hostname"] == manifests.worker_name("train", 3) == "train-worker-3"
+    assert spec["subdomain"] == manifests.headless_service_name("train") == "train-workers"
+
+
+@pytest.mark.parametrize(
+    ("builder", "grace"),
+    [
+        pytest.param(JobBuilder("j"), contract.DEFAULT_LEAVE_GRACE_SECONDS, id="default"),
+        pytest.param(JobBuilder("j").set(leaveGraceSeconds=5), 5, id="set"),
+    ],
+)
+def test_worker_pod_grace_is_leave_grace(builder: JobBuilder, grace: int) -> None:
+    pod = manifests.worker_pod(make_job(builder), 0, world_generation=1)
+    [trainer] = pod["spec"]["containers"]
+    assert pod["spec"]["terminationGracePeriodSeconds"] == grace
+    assert env_of(trainer)[contract.ENV_LEAVE_GRACE_SECONDS] == str(grace)
+
+
+def test_worker_pod_keeps_the_rest_of_the_template() -> None:
+    job = full_job()
+    spec = manifests.worker_pod(job, 0, world_generation=1)["spec"]
+    assert spec["volumes"] == [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "ckpt"}}]
+    assert spec["nodeSelector"] == {"gpu": "a100"}
+    assert spec["tolerations"] == [{"key": "ebbflow.dev/spot", "operator": "Exists", "effect": "NoSchedule"}]
+    assert spec["affinity"] == {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    assert (spec["serviceAccountName"], spec["priorityClassName"]) == ("trainer", "high")
+    assert spec["imagePullSecrets"] == [{"name": "registry"}]
+    assert spec["securityContext"] == {"runAsNonRoot": True}
+    trainer, sidecar = spec["containers"]
+    assert (trainer["name"], trainer["image"]) == ("trainer", DEFAULT_IMAGE)
+    assert trainer["command"] == ["python", "-m", "ebbflow_trainer", "run", "train.py"]
+    assert trainer["resources"] == {"limits": {GPU_RESOURCE: 2}, "requests": {"cpu": "4"}}
+    assert trainer["volumeMounts"] == [{"name": "ckpt", "mountPath": "/ckpt"}]
+    assert (sidecar["name"], sidecar["image"]) == ("sidecar", "busybox")
+
+
+def test_worker_pod_env_contract_and_user_variables() -> None:
+    job = full_job()
+    trainer, sidecar = manifests.worker_pod(job, 1, world_generation=4)["spec"]["containers"]
+    for container in (trainer, sidecar):
+        names = env_names(container)
+        duplicated = [name for name, count in Counter(names).items() if count > 1]
+        assert duplicated == [], f"{container['name']}: {duplicated}"
+        assert set(CONTRACT_ENV) <= set(names), container["name"]
+    # User variables with contract names are replaced by the operator's values; others are kept.
+    assert env_of(trainer)[contract.ENV_VIRTUAL_NODES] == "4"
+    assert env_of(trainer)[contract.ENV_RDZV_ID] == "uid-train"
+    assert env_of(trainer)["HF_HOME"] == "/cache"
+    assert env_of(sidecar)["SIDE"] == "1"
+    [pod_name] = [e for e in trainer["env"] if e["name"] == contract.ENV_POD_NAME]
+    assert pod_name == {
+        "name": contract.ENV_POD_NAME,
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("builder", "expected"),
+    [
+        pytest.param(
+            JobBuilder("j", "ns").replicas(2, 4),
+            {
+                contract.ENV_JOB_NAME: "j",
+                contract.ENV_NAMESPACE: "ns",
+                contract.ENV_RDZV_ENDPOINT: f"j-rdzv.ns.svc:{contract.RENDEZVOUS_PORT}",
+                contract.ENV_RDZV_ID: "uid-j",
+                contract.ENV_RDZV_JOIN_TIMEOUT_SECONDS: "600",
+                contract.ENV_MIN_REPLICAS: "2",
+                contract.ENV_MAX_REPLICAS: "4",
+                contract.ENV_VIRTUAL_NODES: "4",
+                contract.ENV_GLOBAL_BATCH_SIZE: "256",
+                contract.ENV_BATCHING: "static",
+                contract.ENV_LR_SCALING: "none",
+                contract.ENV_WORLD_GENERATION: "6",
+                contract.ENV_CHECKPOINT_PATH: "/checkpoints",
+                contract.ENV_CHECKPOINT_INTERVAL_STEPS: "1000",
+                contract.ENV_METRICS_PORT: str(contract.METRICS_PORT),
+                contract.ENV_LEAVE_GRACE_SECONDS: str(contract.DEFAULT_LEAVE_GRACE_SECONDS),
+            },
+            id="defaults",
+        ),
+        pytest.param(
+            JobBuilder("j", "ns")
+            .replicas(1, 2)
+            .virtual_nodes(8)
+            .global_batch_size(512)
+            .set(
+                batching="dynamic",
+                lrScaling="sqrt",
+                checkpoint={"path": "s3://bucket/ckpt", "intervalSteps": 50},
+                rendezvous={"port": 31000, "joinTimeoutSeconds": 30},
+                leaveGraceSeconds=9,
+            ),
+            {
+                contract.ENV_RDZV_ENDPOINT: "j-rdzv.ns.svc:31000",
+                contract.ENV_RDZV_JOIN_TIMEOUT_SECONDS: "30",
+                contract.ENV_MIN_REPLICAS: "1",
+                contract.ENV_MAX_REPLICAS: "2",
+                contract.ENV_VIRTUAL_NODES: "8",
+                contract.ENV_GLOBAL_BATCH_SIZE: "512",
+                contract.ENV_BATCHING: "dynamic",
+                contract.ENV_LR_SCALING: "sqrt",
+                contract.ENV_CHECKPOINT_PATH: "s3://bucket/ckpt",
+                contract.ENV_CHECKPOINT_INTERVAL_STEPS: "50",
+                contract.ENV_LEAVE_GRACE_SECONDS: "9",
+            },
+            id="everything-set",
+        ),
+    ],
+)
+def test_worker_pod_env_values(builder: JobBuilder, expected: dict[str, str]) -> None:
+    [trainer] = manifests.worker_pod(make_job(builder), 0, world_generation=6)["spec"]["containers"]
+    env = env_of(trainer)
+    assert {name: env.get(name) for name in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("builder", "virtual_nodes"),
+    [
+        pytest.param(JobBuilder("j").replicas(1, 1), "1", id="unset-max-1"),
+        pytest.param(JobBuilder("j").replicas(2, 6), "6", id="unset-is-max"),
+        pytest.param(JobBuilder("j").replicas(2, 6).virtual_nodes(12), "12", id="set-above-max"),
+        pytest.param(JobBuilder("j").replicas(2, 6).virtual_nodes(6), "6", id="set-equal-to-max"),
+        pytest.param(JobBuilder("j").replicas(1, 3).virtual_nodes(64), "64", id="set-many"),
+    ],
+)
+def test_worker_pod_virtual_nodes_default_to_max(builder: JobBuilder, virtual_nodes: str) -> None:
+    job = make_job(builder)
+    [trainer] = manifests.worker_pod(job, 0, world_generation=1)["spec"]["containers"]
+    assert env_of(trainer)[contract.ENV_VIRTUAL_NODES] == virtual_nodes
+    assert int(virtual_nodes) == (job.spec.virtual_nodes or job.spec.replicas.max)
+
+
+def test_worker_pod_does_not_mutate_the_job() -> None:
+    job = full_job()
+    template = copy.deepcopy(job.spec.template.to_json())
+    first = manifests.worker_pod(job, 0, world_generation=1)
+    # Scribble over everything the first pod shares structurally with the template.
+    first["metadata"]["labels"]["team"] = "x"
+    first["metadata"]["annotations"]["sidecar.istio.io/inject"] = "x"
+    first["spec"]["volumes"][0]["name"] = "x"
+    first["spec"]["tolerations"].append({"key": "x"})
+    first["spec"]["nodeSelector"]["gpu"] = "x"
+    first["spec"]["containers"][0]["command"].append("--x")
+    first["spec"]["containers"][0]["resources"]["limits"][GPU_RESOURCE] = 99
+    first["spec"]["containers"][0]["env"].clear()
+    assert job.spec.template.to_json() == template
+    assert manifests.worker_pod(job, 0, world_generation=1)["spec"]["containers"][0]["command"] == [
+        "python",
+        "-m",
+        "ebbflow_trainer",
+        "run",
+        "train.py",
+    ]
+    assert make_job(JobBuilder("j")).spec.template.to_json() == JobBuilder("j").obj()["spec"]["template"]
+
+
+def test_worker_pod_round_trips_through_the_parser() -> None:
+    job = make_job(JobBuilder("j").replicas(1, 4).gpus(3))
+    pod = parse_pod(manifests.worker_pod(job, 2, world_generation=8))
+    assert (pod.job, pod.role, pod.owner_uid, pod.gpus, pod.world_generation) == (
+        "j",
+        contract.ROLE_WORKER,
+        job.uid,
+        3,
+        8,
+    )
+
+
+# --- rendezvous_pod ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("builder", "image", "command"),
+    [
+        pytest.param(
+            JobBuilder("j"),
+            DEFAULT_IMAGE,
+            [*contract.RENDEZVOUS_COMMAND, contract.RENDEZVOUS_PORT_FLAG, str(contract.RENDEZVOUS_PORT)],
+            id="defaults",
+        ),
+        pytest.param(
+            JobBuilder("j").image("registry/trainer:v2"),
+            "registry/trainer:v2",
+            [*contract.RENDEZVOUS_COMMAND, contract.RENDEZVOUS_PORT_FLAG, str(contract.RENDEZVOUS_PORT)],
+            id="image-from-worker-template",
+        ),
+        pytest.param(
+            JobBuilder("j").pod_spec(
+                containers=[
+                    {"name": "trainer", "image": "first:1"},
+                    {"name": "sidecar", "image": "second:1"},
+                ]
+            ),
+            "first:1",
+            [*contract.RENDEZVOUS_COMMAND, contract.RENDEZVOUS_PORT_FLAG, str(contract.RENDEZVOUS_PORT)],
+            id="first-worker-image",
+        ),
+        pytest.param(
+            JobBuilder("j").set(rendezvous={"port": 31000}),
+            DEFAULT_IMAGE,
+            [*contract.RENDEZVOUS_COMMAND, contract.RENDEZVOUS_PORT_FLAG, "31000"],
+            id="port-flag-follows-port",
+        ),
+        pytest.param(
+            JobBuilder("j").set(rendezvous={"image": "rdzv:1"}),
+            "rdzv:1",
+            [*contract.RENDEZVOUS_COMMAND, contract.RENDEZVOUS_PORT_FLAG, str(contract.RENDEZVOUS_PORT)],
+            id="image-override",
+        ),
+        pytest.param(
+            JobBuilder("j").set(rendezvous={"command": ["my-store", "--listen", "29400"]}),
+            DEFAULT_IMAGE,
+            ["my-store", "--listen", "29400"],
+            id="command-override",
+        ),
+        pytest.param(
+            JobBuilder("j").set(rendezvous={"image": "rdzv:1", "command": ["serve"], "port": 30000}),
+            "rdzv:1",
+            ["serve"],
+            id="both-overridden",
+        ),
+    ],
+)
+def test_rendezvous_pod_image_and_command(builder: JobBuilder, image: str, command: list[str]) -> None:
+    job = make_job(builder)
+    pod = manifests.rendezvous_pod(job)
+    [rdzv] = pod["spec"]["containers"]
+    assert (rdzv["image"], rdzv["command"]) == (image, command)
+    port = job.spec.rendezvous.port
+    assert rdzv["ports"] == [{"name": "c10d", "containerPort": port}]
+    assert env_of(rdzv) == {
+        contract.ENV_JOB_NAME: "j",
+        contract.ENV_NAMESPACE: job.namespace,
+        contract.ENV_RDZV_ID: job.uid,
+        contract.ENV_RDZV_PORT: str(port),
+    }
+
+
+def test_rendezvous_pod_default_command_is_understood_by_the_trainer_cli() -> None:
+    """The default command (after the console script's name) parses as the trainer's rendezvous command."""
+    from ebbflow_trainer.__main__ import _parser  # the trainer CLI needs no torch to parse arguments
+
+    [rdzv] = manifests.rendezvous_pod(make_job(JobBuilder("j").set(rendezvous={"port": 31000})))["spec"][
+        "containers"
+    ]
+    script, *argv = rdzv["command"]
+    assert script == "ebbflow-train"  # trainer-image/pyproject.toml [project.scripts]
+    args = _parser().parse_args(argv)
+    assert (args.command, args.port) == ("rendezvous", 31000)
+
+
+def test_rendezvous_pod_placement_and_no_gpu() -> None:
+    job = full_job()
+    pod = manifests.rendezvous_pod(job)
+    spec = pod["spec"]
+    assert spec["nodeSelector"] == {"gpu": "a100"}
+    assert spec["tolerations"] == [{"key": "ebbflow.dev/spot", "operator": "Exists", "effect": "NoSchedule"}]
+    assert spec["affinity"] == job.spec.template.spec.to_json()["affinity"]
+    assert (spec["serviceAccountName"], spec["priorityClassName"]) == ("trainer", "high")
+    assert spec["imagePullSecrets"] == [{"name": "registry"}]
+    assert spec["restartPolicy"] == "Always"
+    assert "volumes" not in spec
+    [rdzv] = spec["containers"]
+    assert rdzv["image"] == DEFAULT_IMAGE
+    resources = rdzv["resources"]
+    assert GPU_RESOURCE not in resources.get("limits", {})
+    assert GPU_RESOURCE not in resources.get("requests", {})
+    assert parse_pod(pod).gpus == 0
+    metadata = pod["metadata"]
+    assert (metadata["name"], metadata["namespace"]) == ("train-rdzv", "ml")
+    assert metadata["labels"] == {
+        contract.LABEL_JOB_NAME: "train",
+        contract.LABEL_ROLE: contract.ROLE_RENDEZVOUS,
+    }
+    assert metadata["ownerReferences"] == [manifests.owner_reference(job)]
+    assert metadata["ownerReferences"][0]["controller"] is True
+
+
+def test_rendezvous_pod_without_placement_sets_none() -> None:
+    spec = manifests.rendezvous_pod(make_job(JobBuilder("j")))["spec"]
+    assert not {"nodeSelector", "tolerations", "affinity"} & set(spec)
+
+
+# --- services ------------------------------------------------------------------------------------
+
+
+def selects(service: Json, pod: Json) -> bool:
+    selector = service["spec"]["selector"]
+    return bool(selector) and selector.items() <= pod["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize(
+    ("builder", "port"),
+    [
+        pytest.param(JobBuilder("j"), contract.RENDEZVOUS_PORT, id="default-port"),
+        pytest.param(JobBuilder("j").set(rendezvous={"port": 31000}), 31000, id="port-set"),
+    ],
+)
+def test_rendezvous_service(builder: JobBuilder, port: int) -> None:
+    job = make_job(builder)
+    service = manifests.rendezvous_service(job)
+    assert (service["apiVersion"], service["kind"]) == ("v1", "Service")
+    assert service["metadata"]["name"] == manifests.rendezvous_name("j") == "j-rdzv"
+    assert service["metadata"]["ownerReferences"] == [manifests.owner_reference(job)]
+    assert service["spec"]["ports"] == [{"name": "c10d", "port": port, "targetPort": port}]
+    assert "clusterIP" not in service["spec"]  # a normal Service: the endpoint is a stable virtual IP
+    assert selects(service, manifests.rendezvous_pod(job))
+    assert not selects(service, manifests.worker_pod(job, 0, world_generation=1))
+    # The workers' endpoint names this Service and its port.
+    assert manifests.rendezvous_endpoint(job) == f"j-rdzv.{job.namespace}.svc:{port}"
+
+
+def test_headless_service() -> None:
+    job = make_job(JobBuilder("j"))
+    service = manifests.headless_service(job)
+    assert service["metadata"]["name"] == "j-workers"
+    assert service["metadata"]["ownerReferences"] == [manifests.owner_reference(job)]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": contract.METRICS_PORT}]
+    worker = manifests.worker_pod(job, 0, world_generation=1)
+    assert worker["spec"]["subdomain"] == service["metadata"]["name"]
+    assert selects(service, worker)
+    assert not selects(service, manifests.rendezvous_pod(job))
+    assert not selects(service, manifests.worker_pod(make_job(JobBuilder("other")), 0, world_generation=1))
+
+
+def test_worker_selector_matches_worker_labels() -> None:
+    job = make_job(JobBuilder("j"))
+    labels = manifests.worker_pod(job, 5, world_generation=1)["metadata"]["labels"]
+    terms = dict(term.split("=", 1) for term in manifests.worker_selector("j").split(","))
+    assert terms == {contract.LABEL_JOB_NAME: "j", contract.LABEL_ROLE: contract.ROLE_WORKER}
+    assert terms.items() <= labels.items()
+
+
+# --- names ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("job", "index"),
+    [
+        pytest.param("j", 0, id="zero"),
+        pytest.param("train", 7, id="simple"),
+        pytest.param("my-job", 1023, id="large-index"),
+        pytest.param("a-worker-b", 3, id="job-name-contains-worker"),
+        pytest.param("j-worker-1", 2, id="job-name-looks-like-a-worker"),
+        pytest.param("x" * 40, 12, id="longest-job-name"),
+    ],
+)
+def test_worker_name_round_trip(job: str, index: int) -> None:
+    name = manifests.worker_name(job, index)
+    assert name == f"{job}-worker-{index}"
+    assert manifests.worker_index(name) == index
+
+
+def test_longest_names_fit_kubernetes_limits() -> None:
+    """MAX_JOB_NAME_LENGTH leaves room for every derived name (63 characters for DNS labels)."""
+    job = "j" * MAX_JOB_NAME_LENGTH
+    names = [
+        manifests.worker_name(job, MAX_REPLICAS - 1),
+        manifests.rendezvous_name(job),
+        manifests.headless_service_name(job),
+    ]
+    assert max(len(name) for name in names) <= 63
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("j-rdzv", id="rendezvous"),
+        pytest.param("j-workers", id="headless-service"),
+        pytest.param("j-worker-", id="no-index"),
+        pytest.param("j-worker-x", id="non-numeric-index"),
+        pytest.param("j-worker-1a", id="index-with-suffix"),
+        pytest.param("worker-1", id="no-job-prefix"),
+        pytest.param("-worker-1", id="empty-job"),
+        pytest.param("", id="empty"),
+    ],
+)
+def test_worker_index_of_other_names(name: str) -> None:
+    assert manifests.worker_index(name) is None
