@@ -5,30 +5,71 @@ The job's status is the operator's durable record: `workerNodes` lists the bound
 previous pass, so a worker that vanished without the operator deleting it was preempted (its node
 deleted, a NoExecute taint, an eviction). The plan writes status before it deletes anything, so a
 crash in between leaves extra pods (deleted next pass), never a miscounted preemption.
+
+`plan_job` runs small pure steps in order; each decides one thing from the observation and the small
+frozen values the steps before it returned:
+
+    classify                 workers -> active, lost (and why), failed, succeeded, being taken
+    end_of_job               exits -> Failed (InvalidConfig, TooManyFailures) or Succeeded; clean-up
+    pending_timeout          workers unscheduled for too long -> withdrawn, and a hold on the size
+    target_size              allocator's size, hold, spec.replicas.min -> how many workers to have
+    resize                   the scale-down's `victims`, `new_workers`, the world generation
+    rendezvous_and_services  the rendezvous pod (replaced when it ends) and the job's Services
+    job_status               `readiness` (phase, Ready), `schedulable`, `rescale_reason`, `history`
+
+The job's lifecycle, status.phase (`ebbflow_api.models.Phase`), decided anew every pass:
+
+    Pending    fewer than spec.replicas.min workers ready (new, no GPUs for min, held after a timeout)
+    Scaling    at least min ready, but workers are still being added, removed or getting ready
+    Running    every desired worker ready and nothing to create or delete
+    Succeeded  a worker finished training and none is still active        (final)
+    Failed     a worker exited EXIT_INVALID_CONFIG, or real failures exceeded spec.maxRestarts (final)
+
+    Pending <-> Scaling <-> Running;  any of them -> Succeeded | Failed;  a final phase never changes.
+
+Invariants: a worker is counted (as a preemption or a restart) only while the status records it, and
+the status written with the count drops it, so a repeated pass never counts it twice. The world
+generation moves exactly when the set of workers changes, so one world's workers share its number. An
+ended job gets no new pods or Services; its pods go as spec.cleanPodPolicy says. Once a worker has
+succeeded the job neither grows nor replaces workers: the others are finishing too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import itertools
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from ebbflow_api import contract
-from ebbflow_api.models import Condition, Phase
+from ebbflow_api.models import CleanPodPolicy, Phase
 
 from . import manifests
 from .capacity import evicts
 from .model import Job, Json, Node, Pod, format_time, parse_progress, parse_time
-from .status import FAILED, PREEMPTED, READY, SCHEDULABLE, SUCCEEDED, merge_patch, set_condition
+from .status import (
+    FAILED,
+    PREEMPTED,
+    READY,
+    SCHEDULABLE,
+    SUCCEEDED,
+    ConditionUpdate,
+    merge_patch,
+    set_conditions,
+)
 
-TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+TERMINAL_PHASES = frozenset(phase for phase in Phase if phase.terminal)
 
-# Rescale reasons (status.lastRescale.reason, metrics label).
-PREEMPTION = "Preemption"
-PENDING_TIMEOUT = "PendingTimeout"
-FAILURE = "WorkerFailure"
-CAPACITY_FREED = "CapacityFreed"
-CAPACITY_RECLAIMED = "CapacityReclaimed"
-SPEC_CHANGED = "SpecChanged"  # includes the first size of a new job
+
+class RescaleReason(StrEnum):
+    """Why the job's size changed (status.lastRescale.reason, a metrics label)."""
+
+    PREEMPTION = "Preemption"
+    PENDING_TIMEOUT = "PendingTimeout"
+    FAILURE = "WorkerFailure"
+    CAPACITY_FREED = "CapacityFreed"
+    CAPACITY_RECLAIMED = "CapacityReclaimed"
+    SPEC_CHANGED = "SpecChanged"  # includes the first size of a new job
 
 
 @dataclass(frozen=True)
@@ -61,7 +102,7 @@ class Plan:
     create_services: tuple[str, ...] = ()  # names of missing Services
     status_patch: Json = field(default_factory=dict)
     events: tuple[Event, ...] = ()
-    rescale_reason: str | None = None
+    rescale_reason: RescaleReason | None = None
     preemptions: int = 0
     status: Json = field(default_factory=dict)
 
@@ -77,7 +118,161 @@ class Observed:
     free_gpus: int  # GPUs free on nodes the job may use (for messages)
 
 
-def _lost_reason(node_name: str, nodes: Mapping[str, Node]) -> str:
+@dataclass(frozen=True)
+class Report:
+    """What a step tells people: events to record and conditions to set, in the order decided."""
+
+    events: tuple[Event, ...] = ()
+    conditions: tuple[ConditionUpdate, ...] = ()
+
+    def __add__(self, other: Report) -> Report:
+        return Report(self.events + other.events, self.conditions + other.conditions)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """After a pending timeout the job grows no bigger than `replicas` until `until` (POSIX seconds)."""
+
+    replicas: int
+    until: float
+
+
+@dataclass(frozen=True)
+class Workers:
+    """The job's worker pods sorted by what happens to them this pass."""
+
+    active: tuple[Pod, ...] = ()  # running, or waiting to be scheduled
+    lost: Mapping[str, str] = field(default_factory=dict)  # preempted recorded worker -> why
+    failures: tuple[Pod, ...] = ()  # real failures: replaced, or they fail the job
+    counted_failures: tuple[Pod, ...] = ()  # the failures the status still records: new restarts
+    succeeded: tuple[Pod, ...] = ()
+    taken: tuple[Deletion, ...] = ()  # preempted or being evicted: deleted now
+
+
+@dataclass(frozen=True)
+class Ending:
+    """What the workers' exits mean for the job; `phase` is set (Succeeded or Failed) once it ended."""
+
+    phase: Phase | None = None
+    restarts: int = 0
+    delete: tuple[Deletion, ...] = ()  # failed workers to replace, or the ended job's clean-up
+    report: Report = field(default_factory=Report)
+
+    @property
+    def ended(self) -> bool:
+        return self.phase is not None
+
+
+@dataclass(frozen=True)
+class Timeout:
+    """The workers left after the pending timeout, those it withdrew, and the hold in force."""
+
+    active: tuple[Pod, ...] = ()
+    stuck: tuple[Pod, ...] = ()  # unscheduled for longer than the pending timeout
+    hold: Hold | None = None
+    report: Report = field(default_factory=Report)
+
+    @property
+    def delete(self) -> tuple[Deletion, ...]:
+        return tuple(Deletion(p.name, p.uid, 0, "pending timeout") for p in self.stuck)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The workers after this pass: who stays, who goes, who is added, and in which world."""
+
+    target: int
+    active: tuple[Pod, ...] = ()  # the workers that stay
+    delete: tuple[Deletion, ...] = ()  # the scale-down's victims
+    create: tuple[tuple[int, int], ...] = ()  # (index, world generation) of new workers
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class Support:
+    """What happens to the job's rendezvous pod and Services."""
+
+    delete: tuple[Deletion, ...] = ()
+    create_rendezvous_pod: bool = False
+    create_services: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StatusUpdate:
+    """The status to write, the rescale it records (if any) and what the pass tells people."""
+
+    status: Json
+    rescale_reason: RescaleReason | None = None
+    report: Report = field(default_factory=Report)
+
+
+def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) -> Plan:
+    """The steps in order; each reads the observation and the values the steps before it returned."""
+    workers = children(job, observed.pods, contract.ROLE_WORKER)
+    seen = classify(workers, job.status.worker_nodes, observed.nodes, job)
+    ending = end_of_job(job, workers, seen)
+    ended = ending.ended
+    timeout = pending_timeout(job, seen.active, ended, now, config)
+    minimum, finishing = job.spec.replicas.min, bool(seen.succeeded)
+    target = target_size(observed.desired, minimum, timeout.hold, len(timeout.active), ended, finishing)
+    disrupted = bool(seen.lost or seen.counted_failures or timeout.stuck) and not ended
+    sizing = resize(job, () if ended else timeout.active, target, disrupted, observed)
+    support = rendezvous_and_services(job, observed, ended)
+    delete = (*seen.taken, *ending.delete, *timeout.delete, *sizing.delete, *support.delete)
+    settled = not delete and not sizing.create
+    update = job_status(job, observed, seen, ending, timeout, sizing, settled, now, config)
+    return Plan(
+        job=job,
+        create_workers=sizing.create,
+        delete=delete,
+        create_rendezvous_pod=support.create_rendezvous_pod,
+        create_services=support.create_services,
+        status_patch=merge_patch(job.status.to_json(), update.status),
+        events=update.report.events,
+        rescale_reason=update.rescale_reason,
+        preemptions=len(seen.lost),
+        status=update.status,
+    )
+
+
+def children(job: Job, pods: Sequence[Pod], role: str) -> list[Pod]:
+    """The job's own pods (by controller owner reference) of one role."""
+    return [p for p in pods if p.owner_uid == job.uid and p.role == role]
+
+
+def classify(
+    workers: Sequence[Pod], recorded: Mapping[str, str], nodes: Mapping[str, Node], job: Job
+) -> Workers:
+    """Sorts the workers. Only workers `recorded` in the status count as lost (once: after a crash
+    between the status write and the deletions, the next pass deletes them again, uncounted)."""
+    present = {p.name for p in workers}
+    lost = {name: lost_reason(node, nodes) for name, node in recorded.items() if name not in present and node}
+    active: list[Pod] = []
+    failures: list[Pod] = []
+    succeeded: list[Pod] = []
+    taken: list[Deletion] = []
+    for pod in workers:
+        if pod.deleting:
+            # The operator deletes only pods it no longer records, so a recorded one is being taken.
+            if recorded.get(pod.name):
+                lost[pod.name] = pod.disruption or lost_reason(pod.node or "", nodes)
+        elif pod.phase == "Succeeded":
+            succeeded.append(pod)
+        elif (taking := _preemption(pod, nodes, job)) is not None:
+            why, deletion = taking
+            if pod.name in recorded and (pod.node or recorded[pod.name]):
+                lost[pod.name] = why
+            taken.append(deletion)
+        elif pod.phase == "Failed":
+            failures.append(pod)
+        else:
+            active.append(pod)
+    counted = tuple(p for p in failures if p.name in recorded)
+    return Workers(tuple(active), lost, tuple(failures), counted, tuple(succeeded), tuple(taken))
+
+
+def lost_reason(node_name: str, nodes: Mapping[str, Node]) -> str:
+    """Why a worker on `node_name` vanished, as far as the node tells."""
     node = nodes.get(node_name)
     if node is None:
         return "NodeLost"
@@ -86,287 +281,339 @@ def _lost_reason(node_name: str, nodes: Mapping[str, Node]) -> str:
     return "Evicted"
 
 
-def _victim_order(pod: Pod, nodes: Mapping[str, Node]) -> tuple[bool, bool, float, int]:
-    """Unscheduled first, then spot before on-demand, then newest first."""
-    node = nodes.get(pod.node) if pod.node else None
-    spot = node.spot if node else False
-    return (pod.node is not None, not spot, -pod.created, -(manifests.worker_index(pod.name) or 0))
+def _preemption(pod: Pod, nodes: Mapping[str, Node], job: Job) -> tuple[str, Deletion] | None:
+    """Why a worker is being taken from the job, and its deletion; None when it is not. A worker
+    being evicted by a NoExecute taint gets its leave grace to hand its state over."""
+    if pod.phase == "Failed":
+        if pod.disruption or pod.exit_code in contract.PREEMPTION_EXIT_CODES:
+            return pod.disruption or f"ExitCode{pod.exit_code}", Deletion(pod.name, pod.uid, 0, "preempted")
+        return None
+    if pod.node is not None and pod.node not in nodes:
+        return "NodeLost", Deletion(pod.name, pod.uid, 0, "node gone")
+    if pod.node is not None and evicts(nodes[pod.node], job):
+        grace = job.spec.leave_grace_seconds
+        return "TaintEviction", Deletion(pod.name, pod.uid, grace, "being evicted")
+    return None
 
 
-def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) -> Plan:
-    spec, status = job.spec, job.status
-    stamp = format_time(now)
-    mine = [p for p in observed.pods if p.owner_uid == job.uid]
-    workers = [p for p in mine if p.role == contract.ROLE_WORKER]
-    taken = {p.name for p in observed.pods}
-    events: list[Event] = []
-    deletions: list[Deletion] = []
-
-    # --- classify workers ------------------------------------------------------------------------
-    # Only workers recorded in status count (once): after a crash between the status write and the
-    # deletions, the next pass deletes the same pods again without counting them again.
-    recorded = status.worker_nodes
-    present = {p.name for p in workers}
-    lost = {
-        name: _lost_reason(node, observed.nodes)
-        for name, node in recorded.items()
-        if name not in present and node
-    }
-    active: list[Pod] = []
-    failures: list[Pod] = []  # real failures, to be deleted and replaced
-    succeeded: list[Pod] = []
-
-    def take(pod: Pod, why: str, grace: int, what: str) -> None:
-        if recorded.get(pod.name) is not None and (pod.node or recorded[pod.name]):
-            lost[pod.name] = why
-        deletions.append(Deletion(pod.name, pod.uid, grace, what))
-
-    for pod in workers:
-        if pod.deleting:
-            # The operator deletes only pods it no longer records, so a recorded one is being taken.
-            if recorded.get(pod.name):
-                lost[pod.name] = pod.disruption or _lost_reason(pod.node or "", observed.nodes)
-        elif pod.phase == "Succeeded":
-            succeeded.append(pod)
-        elif pod.phase == "Failed":
-            if pod.disruption or pod.exit_code in contract.PREEMPTION_EXIT_CODES:
-                take(pod, pod.disruption or f"ExitCode{pod.exit_code}", 0, "preempted")
-            else:
-                failures.append(pod)
-        elif pod.node is not None and pod.node not in observed.nodes:
-            take(pod, "NodeLost", 0, "node gone")
-        elif pod.node is not None and evicts(observed.nodes[pod.node], job):
-            take(pod, "TaintEviction", spec.leave_grace_seconds, "being evicted")
-        else:
-            active.append(pod)
-    counted_failures = [p for p in failures if p.name in recorded]
-
-    preemptions = (status.preemptions or 0) + len(lost)
-    restarts = status.restarts or 0
-    conditions: tuple[Condition, ...] = tuple(status.conditions)
-    phase = status.phase
-
-    def condition(type_: str, ok: bool, why: str, message: str) -> None:
-        nonlocal conditions
-        conditions = set_condition(conditions, type_, ok, why, message, job.generation, stamp)
-
-    if lost:
-        names = ", ".join(f"{name} ({why})" for name, why in sorted(lost.items()))
-        events.append(Event("Warning", PREEMPTED, f"lost {len(lost)} worker(s): {names}"))
-        condition(
-            PREEMPTED, True, sorted(lost.values())[0], f"lost {names}; preemptions so far: {preemptions}"
-        )
-
-    # --- the end: success, failure, clean-up -------------------------------------------------------
-    terminal = phase in TERMINAL_PHASES
-    if not terminal and failures:
-        restarts += len(counted_failures)
-        details = ", ".join(f"{p.name} exited {p.exit_code}" for p in failures)
-        invalid = [p for p in failures if p.exit_code == contract.EXIT_INVALID_CONFIG]
-        if counted_failures:
-            events.append(Event("Warning", "WorkerFailed", details))
-        if invalid or restarts > spec.max_restarts:
-            why = "InvalidConfig" if invalid else "TooManyFailures"
-            message = (
-                f"{invalid[0].name} exited {contract.EXIT_INVALID_CONFIG} (invalid trainer configuration)"
-                if invalid
-                else f"{restarts} worker failures exceed spec.maxRestarts={spec.max_restarts}: {details}"
-            )
-            phase, terminal = Phase.FAILED, True
-            condition(FAILED, True, why, message)
-            events.append(Event("Warning", "Failed", message))
-        else:  # replaced below, under a new name: the failed pod stays until deleted
-            deletions += [Deletion(p.name, p.uid, 0, "failed") for p in failures]
-    if not terminal and succeeded and not active:
-        phase, terminal = Phase.SUCCEEDED, True
-        message = f"{len(succeeded)} worker(s) finished training"
-        condition(SUCCEEDED, True, "WorkersSucceeded", message)
-        events.append(Event("Normal", "Succeeded", message))
-    completing = bool(succeeded) and not terminal
-
-    # --- pending timeout -----------------------------------------------------------------------------
-    hold_replicas = hold_cap(job, now)
-    hold_until = parse_time(status.hold_until) if hold_replicas is not None else None
-    stuck = [p for p in active if p.node is None and now - p.created > config.pending_timeout]
-    if stuck and not terminal:
-        active = [p for p in active if p not in stuck]
-        deletions += [Deletion(p.name, p.uid, 0, "pending timeout") for p in stuck]
-        hold_replicas, hold_until = sum(p.node is not None for p in active), now + config.hold_seconds
-        message = (
-            f"withdrew {len(stuck)} worker(s) unscheduled for over {config.pending_timeout:.0f}s "
-            f"({', '.join(p.name for p in stuck)}); at most {hold_replicas} until {format_time(hold_until)}"
-        )
-        events.append(Event("Warning", "WorkersWithdrawn", message))
-
-    # --- target size and the pods to add or remove ------------------------------------------------------
-    if terminal:
-        target = 0
-    elif completing:
-        target = len(active)
-    else:
-        target = observed.desired
-        if hold_replicas is not None:
-            target = min(target, hold_replicas)
-        if target < spec.replicas.min:
-            target = 0
-    victims: list[Pod] = []
-    cleaning = terminal and spec.clean_pod_policy != "None"
-    if terminal:
-        keep_finished = spec.clean_pod_policy != "All"
-        deleting = {d.name for d in deletions}
-        doomed = [p for p in workers if not p.deleting and not (keep_finished and p.finished)]
-        deletions += [
-            Deletion(p.name, p.uid, spec.leave_grace_seconds, "job finished")
-            for p in (doomed if cleaning else [])
-            if p.name not in deleting
-        ]
-        active = []
-    elif len(active) > target:
-        victims = sorted(active, key=lambda p: _victim_order(p, observed.nodes))[: len(active) - target]
-        deletions += [
-            Deletion(p.name, p.uid, spec.leave_grace_seconds if p.node else 0, "scale down") for p in victims
-        ]
-        active = [p for p in active if p not in victims]
-    missing = max(0, target - len(active))
-    generation = status.world_generation or 0
-    if not terminal and (lost or counted_failures or stuck or victims or missing):
-        generation += 1
-    creations: list[tuple[int, int]] = []
-    index = 0
-    while len(creations) < missing:
-        if manifests.worker_name(job.name, index) not in taken:
-            creations.append((index, generation))
-        index += 1
-
-    # --- rendezvous pod and Services -------------------------------------------------------------------
-    rendezvous = [p for p in mine if p.role == contract.ROLE_RENDEZVOUS and not p.deleting]
-    rdzv_name = manifests.rendezvous_name(job.name)
-    create_rendezvous = False
-    if terminal:
-        if cleaning:
-            deletions += [Deletion(p.name, p.uid, 0, "job finished") for p in rendezvous]
-    else:
-        # Its node gone, a pod is only removed by PodGC after a long quarantine: replace it now.
-        ended = [p for p in rendezvous if p.finished or (p.node is not None and p.node not in observed.nodes)]
-        deletions += [Deletion(p.name, p.uid, 0, "rendezvous ended") for p in ended]
-        create_rendezvous = not rendezvous and rdzv_name not in taken
-    services = tuple(
-        name
-        for name in (rdzv_name, manifests.headless_service_name(job.name))
-        if name not in observed.services and not terminal
+def report_losses(lost: Mapping[str, str], preemptions: int) -> Report:
+    """The Preempted condition and a warning naming each lost worker; `preemptions` is the new total."""
+    if not lost:
+        return Report()
+    names = ", ".join(f"{name} ({why})" for name, why in sorted(lost.items()))
+    message = f"lost {names}; preemptions so far: {preemptions}"
+    return Report(
+        (Event("Warning", PREEMPTED, f"lost {len(lost)} worker(s): {names}"),),
+        (ConditionUpdate(PREEMPTED, True, sorted(lost.values())[0], message),),
     )
 
-    # --- status --------------------------------------------------------------------------------------
-    replicas = len(active) + len(creations)
-    ready = sum(p.ready and p.phase == "Running" for p in active)
-    if not terminal:
-        if target == 0:
-            if hold_replicas is not None and hold_replicas < spec.replicas.min:
-                why = "PendingTimeout"
-                message = (
-                    f"only {hold_replicas} of min {spec.replicas.min} workers were scheduled within "
-                    f"{config.pending_timeout:.0f}s; retrying after {format_time(hold_until or now)}"
-                )
-            else:
-                why = "InsufficientGPUs"
-                message = (
-                    f"needs min {spec.replicas.min} workers x {job.gpus_per_worker} GPU(s) on nodes "
-                    f"it may use; {observed.free_gpus} GPU(s) free there for it"
-                )
-            condition(SCHEDULABLE, False, why, message)
-        else:
-            condition(
-                SCHEDULABLE,
-                True,
-                "Allocated",
-                f"{target} worker(s) allocated in [{spec.replicas.min}, {spec.replicas.max}]",
-            )
-        enough = ready >= spec.replicas.min
-        condition(
-            READY,
-            enough,
-            "MinimumAvailable" if enough else "WaitingForWorkers",
-            f"{ready} of {target} desired worker(s) ready (min {spec.replicas.min})",
-        )
-        if not enough:
-            phase = Phase.PENDING
-        elif ready == target and replicas == target and not creations and not deletions:
-            phase = Phase.RUNNING
-        else:
-            phase = Phase.SCALING
-    else:
-        condition(READY, False, str(phase), f"the job {str(phase).lower()}")
-    reason: str | None = None
-    desired_before = status.desired_replicas or 0
-    if target != desired_before and not terminal:
-        if lost:
-            reason = PREEMPTION
-        elif stuck:
-            reason = PENDING_TIMEOUT
-        elif failures:
-            reason = FAILURE
-        elif job.generation != status.observed_generation:
-            reason = SPEC_CHANGED
-        else:
-            reason = CAPACITY_FREED if target > desired_before else CAPACITY_RECLAIMED
-        events.append(Event("Normal", "Rescaled", f"{desired_before} -> {target} workers ({reason})"))
 
+def end_of_job(job: Job, workers: Sequence[Pod], seen: Workers) -> Ending:
+    """A final phase stays; otherwise real failures may fail the job, and a succeeded worker with no
+    active one left succeeds it. An ended job's pods are then cleaned up."""
+    phase = job.status.phase
+    if phase is not None and phase.terminal:
+        ending = Ending(phase, job.status.restarts or 0)
+    else:
+        ending = _succeeded(seen, _failed(job, seen))
+    if not ending.ended:
+        return ending
+    done = {d.name for d in (*seen.taken, *ending.delete)}
+    return replace(ending, delete=ending.delete + clean_up(job, workers, done))
+
+
+def _failed(job: Job, seen: Workers) -> Ending:
+    """Failed workers are replaced until one reports an invalid configuration or the failures exceed
+    spec.maxRestarts; then the job fails (the failed pods stay for their logs)."""
+    spec = job.spec
+    restarts = (job.status.restarts or 0) + len(seen.counted_failures)
+    if not seen.failures:
+        return Ending(restarts=restarts)
+    details = ", ".join(f"{p.name} exited {p.exit_code}" for p in seen.failures)
+    noted = (Event("Warning", "WorkerFailed", details),) if seen.counted_failures else ()
+    invalid = [p for p in seen.failures if p.exit_code == contract.EXIT_INVALID_CONFIG]
+    if not invalid and restarts <= spec.max_restarts:
+        replaced = tuple(Deletion(p.name, p.uid, 0, "failed") for p in seen.failures)
+        return Ending(restarts=restarts, delete=replaced, report=Report(noted))
+    if invalid:
+        why = "InvalidConfig"
+        message = f"{invalid[0].name} exited {contract.EXIT_INVALID_CONFIG} (invalid trainer configuration)"
+    else:
+        why = "TooManyFailures"
+        message = f"{restarts} worker failures exceed spec.maxRestarts={spec.max_restarts}: {details}"
+    report = Report(
+        (*noted, Event("Warning", "Failed", message)), (ConditionUpdate(FAILED, True, why, message),)
+    )
+    return Ending(Phase.FAILED, restarts, report=report)
+
+
+def _succeeded(seen: Workers, ending: Ending) -> Ending:
+    """Workers finish together: once one has succeeded and none is active, the job has succeeded."""
+    if ending.ended or not seen.succeeded or seen.active:
+        return ending
+    message = f"{len(seen.succeeded)} worker(s) finished training"
+    report = Report(
+        (Event("Normal", "Succeeded", message),),
+        (ConditionUpdate(SUCCEEDED, True, "WorkersSucceeded", message),),
+    )
+    return replace(ending, phase=Phase.SUCCEEDED, report=ending.report + report)
+
+
+def clean_up(job: Job, workers: Sequence[Pod], done: Set[str]) -> tuple[Deletion, ...]:
+    """The workers an ended job deletes by spec.cleanPodPolicy: unfinished ones (Running; finished
+    ones stay for their logs), every one (All) or none (None). Pods in `done` are already going."""
+    policy = job.spec.clean_pod_policy
+    if policy == CleanPodPolicy.NONE:
+        return ()
+    keep_finished = policy != CleanPodPolicy.ALL
+    return tuple(
+        Deletion(p.name, p.uid, job.spec.leave_grace_seconds, "job finished")
+        for p in workers
+        if not p.deleting and not (keep_finished and p.finished) and p.name not in done
+    )
+
+
+def pending_timeout(
+    job: Job, active: Sequence[Pod], ended: bool, now: float, config: PlannerConfig
+) -> Timeout:
+    """Withdraws workers the scheduler has not placed within the pending timeout and holds the job at
+    the size it did get, so the allocator stops offering GPUs the scheduler refuses (e.g. for CPU)."""
+    hold = current_hold(job, now)
+    limit = config.pending_timeout
+    stuck = () if ended else tuple(p for p in active if p.node is None and now - p.created > limit)
+    if not stuck:
+        return Timeout(tuple(active), hold=hold)
+    staying = tuple(p for p in active if p not in stuck)
+    hold = Hold(sum(p.node is not None for p in staying), now + config.hold_seconds)
+    message = (
+        f"withdrew {len(stuck)} worker(s) unscheduled for over {config.pending_timeout:.0f}s "
+        f"({', '.join(p.name for p in stuck)}); at most {hold.replicas} until {format_time(hold.until)}"
+    )
+    return Timeout(staying, stuck, hold, Report((Event("Warning", "WorkersWithdrawn", message),)))
+
+
+def current_hold(job: Job, now: float) -> Hold | None:
+    """The hold a previous pending timeout recorded, while it is in force."""
+    status = job.status
+    until = parse_time(status.hold_until)
+    if status.hold_replicas is not None and until and until > now:
+        return Hold(status.hold_replicas, until)
+    return None
+
+
+def hold_cap(job: Job, now: float) -> int | None:
+    """The pending-timeout cap on the job's size, if one is in force (for the allocator)."""
+    hold = current_hold(job, now)
+    return hold.replicas if hold is not None else None
+
+
+def target_size(
+    desired: int, minimum: int, hold: Hold | None, active: int, ended: bool, finishing: bool
+) -> int:
+    """How many workers the job should have: none once it ended; the `active` ones while its workers
+    are finishing (it neither grows nor replaces); else the allocator's size capped by a hold, or
+    none below `minimum` (a job cannot train with fewer)."""
+    if ended:
+        return 0
+    if finishing:
+        return active
+    target = desired if hold is None else min(desired, hold.replicas)
+    return target if target >= minimum else 0
+
+
+def victims(active: Sequence[Pod], count: int, nodes: Mapping[str, Node]) -> list[Pod]:
+    """The `count` workers a scale-down removes: unscheduled ones first (they hold nothing), then spot
+    before on-demand (likely taken soon anyway), then the newest, then the highest index."""
+
+    def order(pod: Pod) -> tuple[bool, bool, float, int]:
+        node = nodes.get(pod.node) if pod.node else None
+        spot = node.spot if node else False
+        return (pod.node is not None, not spot, -pod.created, -(manifests.worker_index(pod.name) or 0))
+
+    return sorted(active, key=order)[: max(0, count)]
+
+
+def resize(job: Job, active: Sequence[Pod], target: int, disrupted: bool, observed: Observed) -> Sizing:
+    """Brings `active` to `target`: deletes the victims (bound ones get their leave grace) or adds new
+    workers. A new world generation starts when the set of workers changes (`disrupted`: it already
+    did this pass), so that every worker of one world carries the same number."""
+    chosen = victims(active, len(active) - target, observed.nodes)
+    staying = tuple(p for p in active if p not in chosen)
+    missing = max(0, target - len(staying))
+    generation = (job.status.world_generation or 0) + int(disrupted or bool(chosen) or missing > 0)
+    grace = job.spec.leave_grace_seconds
+    return Sizing(
+        target=target,
+        active=staying,
+        delete=tuple(Deletion(p.name, p.uid, grace if p.node else 0, "scale down") for p in chosen),
+        create=new_workers(job.name, missing, generation, {p.name for p in observed.pods}),
+        generation=generation,
+    )
+
+
+def new_workers(job_name: str, count: int, generation: int, taken: Set[str]) -> tuple[tuple[int, int], ...]:
+    """(index, generation) of `count` new workers at the lowest indices whose pod name is free: a
+    failed worker keeps its name until it is deleted, so its replacement gets a new one."""
+    free = (i for i in itertools.count() if manifests.worker_name(job_name, i) not in taken)
+    return tuple((index, generation) for index in itertools.islice(free, max(0, count)))
+
+
+def rendezvous_and_services(job: Job, observed: Observed, ended: bool) -> Support:
+    """A running job has one rendezvous pod (replaced once it ends or its node is gone: PodGC removes
+    such a pod only after a long quarantine) and its two Services; an ended job cleans the pod up."""
+    name = manifests.rendezvous_name(job.name)
+    pods = [p for p in children(job, observed.pods, contract.ROLE_RENDEZVOUS) if not p.deleting]
+    if ended:
+        cleaning = job.spec.clean_pod_policy != CleanPodPolicy.NONE
+        return Support(delete=tuple(Deletion(p.name, p.uid, 0, "job finished") for p in pods if cleaning))
+    gone = [p for p in pods if p.finished or (p.node is not None and p.node not in observed.nodes)]
+    return Support(
+        delete=tuple(Deletion(p.name, p.uid, 0, "rendezvous ended") for p in gone),
+        create_rendezvous_pod=not pods and name not in {p.name for p in observed.pods},
+        create_services=tuple(
+            service
+            for service in (name, manifests.headless_service_name(job.name))
+            if service not in observed.services
+        ),
+    )
+
+
+def job_status(
+    job: Job,
+    observed: Observed,
+    seen: Workers,
+    ending: Ending,
+    timeout: Timeout,
+    sizing: Sizing,
+    settled: bool,
+    now: float,
+    config: PlannerConfig,
+) -> StatusUpdate:
+    """The status this pass writes, the rescale it records, and what the steps tell people in order."""
+    status, target, stamp = job.status, sizing.target, format_time(now)
+    ready = sum(p.ready and p.phase == "Running" for p in sizing.active)
+    replicas = len(sizing.active) + len(sizing.create)
+    phase, ready_condition = readiness(job.spec.replicas.min, target, ready, replicas, settled, ending.phase)
+    before = status.desired_replicas or 0
+    reason = rescale_reason(
+        before,
+        target,
+        ended=ending.ended,
+        lost=bool(seen.lost),
+        stuck=bool(timeout.stuck),
+        failed=bool(seen.failures),
+        spec_changed=job.generation != status.observed_generation,
+    )
+    preemptions = (status.preemptions or 0) + len(seen.lost)
+    scheduling = () if ending.ended else (schedulable(job, target, timeout.hold, observed.free_gpus, config),)
+    rescaled = (Event("Normal", "Rescaled", f"{before} -> {target} workers ({reason})"),) if reason else ()
+    report = report_losses(seen.lost, preemptions) + ending.report + timeout.report
+    report += Report(rescaled, (*scheduling, ready_condition))
+    rescale = {"time": stamp, "from": before, "to": target, "reason": reason} if reason else None
+    progress = latest_progress(children(job, observed.pods, contract.ROLE_WORKER))
     new_status: Json = {
         "phase": phase,
-        "conditions": [c.to_json() for c in conditions],
+        "conditions": [
+            c.to_json() for c in set_conditions(status.conditions, report.conditions, job.generation, stamp)
+        ],
         "observedGeneration": job.generation,
         "replicas": replicas,
         "readyReplicas": ready,
         "desiredReplicas": target,
         "selector": manifests.worker_selector(job.name),
-        "worldGeneration": generation,
+        "worldGeneration": sizing.generation,
         "preemptions": preemptions,
-        "restarts": restarts,
+        "restarts": ending.restarts,
         "workerNodes": {
-            **{p.name: p.node or "" for p in active},
-            **{manifests.worker_name(job.name, i): "" for i, _ in creations},
+            **{p.name: p.node or "" for p in sizing.active},
+            **{manifests.worker_name(job.name, i): "" for i, _ in sizing.create},
         },
+        **history(status.to_json(), phase, stamp, rescale, timeout.hold, progress),
     }
-    recorded_status = status.to_json()
-    for key in ("lastRescale", "progress", "startTime", "completionTime"):
-        if key in recorded_status:
-            new_status[key] = recorded_status[key]
-    if reason is not None:
-        new_status["lastRescale"] = {
-            "time": stamp,
-            "from": desired_before,
-            "to": target,
-            "reason": reason,
-        }
-    if hold_replicas is not None and hold_until is not None:
-        new_status["holdReplicas"] = hold_replicas
-        new_status["holdUntil"] = format_time(hold_until)
-    if phase == "Running" and "startTime" not in new_status:
-        new_status["startTime"] = stamp
-    if terminal and "completionTime" not in new_status:
-        new_status["completionTime"] = stamp
-    reports = [r for p in workers if (r := parse_progress(p.progress))]
-    if reports:
-        new_status["progress"] = max(reports, key=lambda r: str(r.get("time", "")))
+    return StatusUpdate(new_status, reason, report)
 
-    return Plan(
-        job=job,
-        create_workers=tuple(creations),
-        delete=tuple(deletions),
-        create_rendezvous_pod=create_rendezvous,
-        create_services=services,
-        status_patch=merge_patch(recorded_status, new_status),
-        events=tuple(events),
-        rescale_reason=reason,
-        preemptions=len(lost),
-        status=new_status,
+
+def readiness(
+    minimum: int, target: int, ready: int, replicas: int, settled: bool, final: Phase | None
+) -> tuple[Phase, ConditionUpdate]:
+    """The phase and the Ready condition. A final phase stays (and the job is no longer Ready);
+    otherwise Pending below `minimum` ready workers, Running once all `target` workers exist and are
+    ready with nothing left to create or delete (`settled`), Scaling in between."""
+    if final is not None:
+        return final, ConditionUpdate(READY, False, str(final), f"the job {str(final).lower()}")
+    enough = ready >= minimum
+    message = f"{ready} of {target} desired worker(s) ready (min {minimum})"
+    condition = ConditionUpdate(READY, enough, "MinimumAvailable" if enough else "WaitingForWorkers", message)
+    if not enough:
+        return Phase.PENDING, condition
+    if ready == target and replicas == target and settled:
+        return Phase.RUNNING, condition
+    return Phase.SCALING, condition
+
+
+def schedulable(
+    job: Job, target: int, hold: Hold | None, free_gpus: int, config: PlannerConfig
+) -> ConditionUpdate:
+    """The Schedulable condition: the size allocated, or why the job has no workers (a pending
+    timeout held it below its minimum, or too few GPUs are free on the nodes it may use)."""
+    spec = job.spec
+    if target > 0:
+        message = f"{target} worker(s) allocated in [{spec.replicas.min}, {spec.replicas.max}]"
+        return ConditionUpdate(SCHEDULABLE, True, "Allocated", message)
+    if hold is not None and hold.replicas < spec.replicas.min:
+        message = (
+            f"only {hold.replicas} of min {spec.replicas.min} workers were scheduled within "
+            f"{config.pending_timeout:.0f}s; retrying after {format_time(hold.until)}"
+        )
+        return ConditionUpdate(SCHEDULABLE, False, "PendingTimeout", message)
+    message = (
+        f"needs min {spec.replicas.min} workers x {job.gpus_per_worker} GPU(s) on nodes "
+        f"it may use; {free_gpus} GPU(s) free there for it"
     )
+    return ConditionUpdate(SCHEDULABLE, False, "InsufficientGPUs", message)
 
 
-def hold_cap(job: Job, now: float) -> int | None:
-    """The pending-timeout cap on the job's size, if one is in force."""
-    status = job.status
-    until = parse_time(status.hold_until)
-    if status.hold_replicas is not None and until and until > now:
-        return status.hold_replicas
-    return None
+def rescale_reason(
+    before: int, target: int, *, ended: bool, lost: bool, stuck: bool, failed: bool, spec_changed: bool
+) -> RescaleReason | None:
+    """Why the size moves from `before` to `target`, the first cause that applies: a preemption, a
+    pending timeout, a worker failure, a spec change (or a new job), else capacity the allocator
+    freed or reclaimed. None when the size stays or the job ended (that is no rescale)."""
+    if ended or target == before:
+        return None
+    if lost:
+        return RescaleReason.PREEMPTION
+    if stuck:
+        return RescaleReason.PENDING_TIMEOUT
+    if failed:
+        return RescaleReason.FAILURE
+    if spec_changed:
+        return RescaleReason.SPEC_CHANGED
+    return RescaleReason.CAPACITY_FREED if target > before else RescaleReason.CAPACITY_RECLAIMED
+
+
+def latest_progress(workers: Sequence[Pod]) -> Json | None:
+    """The newest readable progress report among the workers (by its time)."""
+    reports = [r for p in workers if (r := parse_progress(p.progress))]
+    return max(reports, key=lambda r: str(r.get("time", ""))) if reports else None
+
+
+def history(
+    recorded: Json, phase: Phase, stamp: str, rescale: Json | None, hold: Hold | None, progress: Json | None
+) -> Json:
+    """Status fields that outlive a pass, kept from the `recorded` status unless this pass has news:
+    lastRescale on a rescale, startTime at the first Running pass, completionTime at the first final
+    one, progress from the newest report; the hold is written only while it is in force."""
+    kept = ("lastRescale", "progress", "startTime", "completionTime")
+    fields: Json = {key: recorded[key] for key in kept if key in recorded}
+    if rescale is not None:
+        fields["lastRescale"] = rescale
+    if hold is not None:
+        fields |= {"holdReplicas": hold.replicas, "holdUntil": format_time(hold.until)}
+    if phase == Phase.RUNNING:
+        fields.setdefault("startTime", stamp)
+    if phase.terminal:
+        fields.setdefault("completionTime", stamp)
+    if progress is not None:
+        fields["progress"] = progress
+    return fields

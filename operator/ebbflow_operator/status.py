@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ebbflow_api.models import Condition, ConditionStatus
@@ -16,6 +17,16 @@ PREEMPTED = "Preempted"  # the latest preemption (status.preemptions counts them
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 CONDITION_ORDER = (READY, SCHEDULABLE, PREEMPTED, SUCCEEDED, FAILED)
+
+
+@dataclass(frozen=True)
+class ConditionUpdate:
+    """One condition a decision sets, before it is stamped with the job's generation and the time."""
+
+    type: str
+    status: bool
+    reason: str
+    message: str
 
 
 def set_condition(
@@ -42,6 +53,18 @@ def set_condition(
     )
     order = {name: i for i, name in enumerate(CONDITION_ORDER)}
     return tuple(sorted(existing.values(), key=lambda c: (order.get(c.type, len(order)), c.type)))
+
+
+def set_conditions(
+    conditions: Iterable[Condition], updates: Iterable[ConditionUpdate], generation: int, now: str
+) -> tuple[Condition, ...]:
+    """Applies each update in turn (see `set_condition`)."""
+    result = tuple(conditions)
+    for update in updates:
+        result = set_condition(
+            result, update.type, update.status, update.reason, update.message, generation, now
+        )
+    return result
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> Json:

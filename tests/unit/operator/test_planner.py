@@ -9,18 +9,13 @@ from typing import Any
 import pytest
 from ebbflow_api import contract
 from ebbflow_api.builders import JobBuilder
-from ebbflow_operator.model import Job, Node, Pod, Taint
+from ebbflow_operator.model import Job, Node, Pod, Taint, format_time
 from ebbflow_operator.planner import Observed, Plan, PlannerConfig, plan_job
 
-from tests.builders import make_job
+from tests.builders import NOW, make_job, make_node, make_rendezvous, make_worker
 
-NOW = 1_000_000.0
 CONFIG = PlannerConfig(pending_timeout=60, hold_seconds=300)
-NODES = {
-    "od-0": Node("od-0", 4, labels={"karpenter.sh/capacity-type": "on-demand"}),
-    "od-1": Node("od-1", 4, labels={"karpenter.sh/capacity-type": "on-demand"}),
-    "spot-0": Node("spot-0", 4, labels={"karpenter.sh/capacity-type": "spot"}),
-}
+NODES = {"od-0": make_node("od-0"), "od-1": make_node("od-1"), "spot-0": make_node("spot-0", spot=True)}
 SERVICES = frozenset({"j-rdzv", "j-workers"})
 
 
@@ -28,27 +23,12 @@ def job(lo: int = 2, hi: int = 4, status: dict[str, Any] | None = None, **spec: 
     return make_job(JobBuilder("j").replicas(lo, hi).set(leaveGraceSeconds=30, **spec), status=status)
 
 
-def worker(
-    index: int, node: str | None = "od-0", phase: str = "Running", age: float = 100, **kw: object
-) -> Pod:
-    fields: dict[str, object] = {
-        "name": f"j-worker-{index}",
-        "namespace": "ns",
-        "uid": f"uid-{index}",
-        "job": "j",
-        "role": contract.ROLE_WORKER,
-        "owner_uid": "uid-j",
-        "node": node,
-        "phase": phase,
-        "gpus": 1,
-        "created": NOW - age,
-        "ready": phase == "Running" and node is not None,
-    }
-    fields.update(kw)
-    return Pod(**fields)  # type: ignore[arg-type]
+J = job()  # the owner of the pods below (name, namespace and uid are all that matter)
+RDZV = make_rendezvous(J)
 
 
-RDZV = Pod("j-rdzv", "ns", "uid-r", "j", contract.ROLE_RENDEZVOUS, "uid-j", "od-0", "Running", ready=True)
+def worker(index: int, node: str | None = "od-0", phase: str = "Running", **fields: Any) -> Pod:
+    return make_worker(J, index, node, phase, **fields)
 
 
 def running_status(pods: list[Pod], desired: int, **extra: object) -> dict[str, Any]:
@@ -145,7 +125,7 @@ def test_vanished_worker_is_a_preemption(nodes: dict[str, Node], reason: str) ->
     assert result.preemptions == 1
     assert result.status["preemptions"] == 1
     assert result.status["lastRescale"] == {
-        "time": result.status["lastRescale"]["time"],
+        "time": format_time(NOW),
         "from": 3,
         "to": 2,
         "reason": "Preemption",

@@ -1,0 +1,1014 @@
+"""The planner's steps, one table each: every decision `plan_job` composes, tested on its own values."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from ebbflow_api import contract
+from ebbflow_api.builders import JobBuilder
+from ebbflow_api.models import Phase
+from ebbflow_operator.model import Job, Node, Pod, Taint, format_time
+from ebbflow_operator.planner import (
+    Deletion,
+    Ending,
+    Event,
+    Hold,
+    Observed,
+    PlannerConfig,
+    Report,
+    RescaleReason,
+    Sizing,
+    Timeout,
+    Workers,
+    children,
+    classify,
+    clean_up,
+    current_hold,
+    end_of_job,
+    history,
+    hold_cap,
+    job_status,
+    latest_progress,
+    lost_reason,
+    new_workers,
+    pending_timeout,
+    readiness,
+    rendezvous_and_services,
+    report_losses,
+    rescale_reason,
+    resize,
+    schedulable,
+    target_size,
+    victims,
+)
+from ebbflow_operator.status import FAILED, PREEMPTED, READY, SCHEDULABLE, SUCCEEDED, ConditionUpdate
+
+from tests.builders import NOW, make_job, make_node, make_rendezvous, make_worker
+
+CONFIG = PlannerConfig(pending_timeout=60, hold_seconds=300)
+EVICTING = Taint("ebbflow.dev/spot-termination", "NoExecute", "true")
+TOLERATED = Taint("ebbflow.dev/tolerated", "NoExecute", "true")
+NODES: dict[str, Node] = {
+    "od-0": make_node("od-0"),
+    "od-1": make_node("od-1"),
+    "spot-0": make_node("spot-0", spot=True),
+    "evicting": make_node("evicting", taints=(EVICTING,)),
+    "tolerated": make_node("tolerated", taints=(TOLERATED,)),
+}
+STAMP = format_time(NOW)
+
+
+def job(
+    lo: int = 2, hi: int = 4, status: dict[str, Any] | None = None, generation: int = 1, **spec: Any
+) -> Job:
+    builder = JobBuilder("j").replicas(lo, hi).set(leaveGraceSeconds=30, **spec)
+    return make_job(builder.toleration(TOLERATED.key, "NoExecute"), status=status, generation=generation)
+
+
+J = job()
+
+
+def worker(index: int, node: str | None = "od-0", phase: str = "Running", **fields: Any) -> Pod:
+    return make_worker(J, index, node, phase, **fields)
+
+
+def failed(index: int, exit_code: int, **fields: Any) -> Pod:
+    return worker(index, phase="Failed", exit_code=exit_code, **fields)
+
+
+def done(index: int) -> Pod:
+    return worker(index, phase="Succeeded", exit_code=0)
+
+
+def names(pods: Iterable[Pod]) -> list[str]:
+    return [p.name for p in pods]
+
+
+def deletions(items: tuple[Deletion, ...]) -> list[tuple[str, int, str]]:
+    return [(d.name, d.grace_seconds, d.reason) for d in items]
+
+
+def observed(pods: list[Pod], services: frozenset[str] = frozenset(), free_gpus: int = 0) -> Observed:
+    return Observed(pods, services, NODES, desired=0, free_gpus=free_gpus)
+
+
+# --- classify ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pods", "recorded", "expected"),
+    [
+        pytest.param([worker(0)], {"j-worker-0": "od-0"}, {"active": ["j-worker-0"]}, id="running"),
+        pytest.param([worker(0, None, "Pending")], {}, {"active": ["j-worker-0"]}, id="unscheduled"),
+        pytest.param(
+            [worker(0, "tolerated")],
+            {"j-worker-0": "tolerated"},
+            {"active": ["j-worker-0"]},
+            id="taint-tolerated",
+        ),
+        pytest.param(
+            [], {"j-worker-0": "gone"}, {"lost": {"j-worker-0": "NodeLost"}}, id="vanished-node-gone"
+        ),
+        pytest.param(
+            [], {"j-worker-0": "od-0"}, {"lost": {"j-worker-0": "Evicted"}}, id="vanished-from-live-node"
+        ),
+        pytest.param(
+            [],
+            {"j-worker-0": "evicting"},
+            {"lost": {"j-worker-0": "TaintEviction"}},
+            id="vanished-from-tainted-node",
+        ),
+        pytest.param([], {"j-worker-0": ""}, {}, id="vanished-before-scheduling-not-lost"),
+        pytest.param(
+            [worker(0, deleting=True, disruption="EvictionByEvictionAPI")],
+            {"j-worker-0": "od-0"},
+            {"lost": {"j-worker-0": "EvictionByEvictionAPI"}},
+            id="deleted-by-someone-else",
+        ),
+        pytest.param(
+            [worker(0, "gone", deleting=True)],
+            {"j-worker-0": "gone"},
+            {"lost": {"j-worker-0": "NodeLost"}},
+            id="deleted-no-disruption-node-reason",
+        ),
+        pytest.param([worker(0, deleting=True)], {}, {}, id="deleting-unrecorded-is-the-operators"),
+        pytest.param([worker(0, None, deleting=True)], {"j-worker-0": ""}, {}, id="deleting-unscheduled"),
+        pytest.param([done(0)], {"j-worker-0": "od-0"}, {"succeeded": ["j-worker-0"]}, id="succeeded"),
+        pytest.param(
+            [failed(0, 137)],
+            {"j-worker-0": "od-0"},
+            {"lost": {"j-worker-0": "ExitCode137"}, "taken": [("j-worker-0", 0, "preempted")]},
+            id="sigkill-is-preemption",
+        ),
+        pytest.param(
+            [failed(0, 1, disruption="DeletionByTaintManager")],
+            {"j-worker-0": "od-0"},
+            {"lost": {"j-worker-0": "DeletionByTaintManager"}, "taken": [("j-worker-0", 0, "preempted")]},
+            id="disruption-is-preemption",
+        ),
+        pytest.param(
+            [failed(0, 143)],
+            {},
+            {"taken": [("j-worker-0", 0, "preempted")]},
+            id="preempted-unrecorded-not-counted",
+        ),
+        pytest.param(
+            [failed(0, 137, node=None)],
+            {"j-worker-0": ""},
+            {"taken": [("j-worker-0", 0, "preempted")]},
+            id="preempted-never-bound-not-counted",
+        ),
+        pytest.param(
+            [worker(0, "gone")],
+            {"j-worker-0": ""},
+            {"lost": {"j-worker-0": "NodeLost"}, "taken": [("j-worker-0", 0, "node gone")]},
+            id="node-gone-recorded-before-binding",
+        ),
+        pytest.param(
+            [worker(0, "evicting")],
+            {"j-worker-0": "evicting"},
+            {"lost": {"j-worker-0": "TaintEviction"}, "taken": [("j-worker-0", 30, "being evicted")]},
+            id="noexecute-gets-grace",
+        ),
+        pytest.param(
+            [failed(0, 1)],
+            {"j-worker-0": "od-0"},
+            {"failures": ["j-worker-0"], "counted": ["j-worker-0"]},
+            id="real-failure-counted",
+        ),
+        pytest.param([failed(0, 1)], {}, {"failures": ["j-worker-0"]}, id="real-failure-seen-before"),
+        pytest.param(
+            [worker(0), done(1), failed(2, 1)],
+            {"j-worker-0": "od-0", "j-worker-3": "od-1"},
+            {
+                "active": ["j-worker-0"],
+                "succeeded": ["j-worker-1"],
+                "failures": ["j-worker-2"],
+                "lost": {"j-worker-3": "Evicted"},
+            },
+            id="mixed",
+        ),
+    ],
+)
+def test_classify(pods: list[Pod], recorded: dict[str, str], expected: dict[str, Any]) -> None:
+    seen = classify(pods, recorded, NODES, J)
+    assert {
+        "active": names(seen.active),
+        "lost": dict(seen.lost),
+        "failures": names(seen.failures),
+        "counted": names(seen.counted_failures),
+        "succeeded": names(seen.succeeded),
+        "taken": deletions(seen.taken),
+    } == {"active": [], "lost": {}, "failures": [], "counted": [], "succeeded": [], "taken": [], **expected}
+
+
+@pytest.mark.parametrize(
+    ("node", "reason"),
+    [
+        pytest.param("gone", "NodeLost", id="no-node"),
+        pytest.param("", "NodeLost", id="never-bound"),
+        pytest.param("evicting", "TaintEviction", id="noexecute"),
+        pytest.param("tolerated", "TaintEviction", id="any-noexecute"),
+        pytest.param("od-0", "Evicted", id="healthy-node"),
+    ],
+)
+def test_lost_reason(node: str, reason: str) -> None:
+    assert lost_reason(node, NODES) == reason
+
+
+@pytest.mark.parametrize(
+    ("role", "expected"),
+    [
+        pytest.param(contract.ROLE_WORKER, ["j-worker-0"], id="workers"),
+        pytest.param(contract.ROLE_RENDEZVOUS, ["j-rdzv"], id="rendezvous"),
+    ],
+)
+def test_children_are_owned_pods_of_one_role(role: str, expected: list[str]) -> None:
+    stranger = replace(worker(1), owner_uid="uid-other")
+    assert names(children(J, [worker(0), stranger, make_rendezvous(J)], role)) == expected
+
+
+@pytest.mark.parametrize(
+    ("lost", "preemptions", "events", "condition"),
+    [
+        pytest.param({}, 3, [], None, id="none"),
+        pytest.param(
+            {"j-worker-1": "NodeLost"},
+            4,
+            ["lost 1 worker(s): j-worker-1 (NodeLost)"],
+            ("NodeLost", "lost j-worker-1 (NodeLost); preemptions so far: 4"),
+            id="one",
+        ),
+        pytest.param(
+            {"j-worker-2": "TaintEviction", "j-worker-1": "ExitCode137"},
+            2,
+            ["lost 2 worker(s): j-worker-1 (ExitCode137), j-worker-2 (TaintEviction)"],
+            (
+                "ExitCode137",
+                "lost j-worker-1 (ExitCode137), j-worker-2 (TaintEviction); preemptions so far: 2",
+            ),
+            id="two-sorted-by-name-first-reason",
+        ),
+    ],
+)
+def test_report_losses(
+    lost: dict[str, str], preemptions: int, events: list[str], condition: tuple[str, str] | None
+) -> None:
+    report = report_losses(lost, preemptions)
+    assert [(e.type, e.reason, e.message) for e in report.events] == [
+        ("Warning", PREEMPTED, m) for m in events
+    ]
+    expected = [] if condition is None else [ConditionUpdate(PREEMPTED, True, *condition)]
+    assert list(report.conditions) == expected
+
+
+# --- end of job ----------------------------------------------------------------------------------
+
+TAKEN = {"j-worker-5": worker(5, "evicting")}  # the pods behind the `taken` deletions below
+
+
+@pytest.mark.parametrize(
+    ("status", "spec", "seen", "expected"),
+    [
+        pytest.param({}, {}, Workers(active=(worker(0),)), {}, id="goes-on"),
+        pytest.param(
+            {"restarts": 1},
+            {},
+            Workers(failures=(failed(1, 1),), counted_failures=(failed(1, 1),)),
+            {"restarts": 2, "delete": [("j-worker-1", 0, "failed")], "events": ["WorkerFailed"]},
+            id="failure-replaced-and-counted",
+        ),
+        pytest.param(
+            {"restarts": 1},
+            {},
+            Workers(failures=(failed(1, 1),)),
+            {"restarts": 1, "delete": [("j-worker-1", 0, "failed")]},
+            id="failure-counted-before-deleted-again-silently",
+        ),
+        pytest.param(
+            {"restarts": 3},
+            {"maxRestarts": 3},
+            Workers(active=(worker(0),), failures=(failed(1, 2),), counted_failures=(failed(1, 2),)),
+            {
+                "phase": Phase.FAILED,
+                "restarts": 4,
+                "delete": [("j-worker-0", 30, "job finished")],
+                "events": ["WorkerFailed", "Failed"],
+                "conditions": [(FAILED, "TooManyFailures")],
+            },
+            id="too-many-failures",
+        ),
+        pytest.param(
+            {"restarts": 3},
+            {"maxRestarts": 3},
+            Workers(failures=(failed(1, 2),)),
+            {"restarts": 3, "delete": [("j-worker-1", 0, "failed")]},
+            id="at-max-restarts-still-replaced",
+        ),
+        pytest.param(
+            {},
+            {},
+            Workers(failures=(failed(0, contract.EXIT_INVALID_CONFIG),)),
+            {"phase": Phase.FAILED, "events": ["Failed"], "conditions": [(FAILED, "InvalidConfig")]},
+            id="invalid-config-fails-at-once",
+        ),
+        pytest.param(
+            {},
+            {},
+            Workers(succeeded=(done(0), done(1))),
+            {
+                "phase": Phase.SUCCEEDED,
+                "events": ["Succeeded"],
+                "conditions": [(SUCCEEDED, "WorkersSucceeded")],
+            },
+            id="succeeded-finished-pods-kept",
+        ),
+        pytest.param(
+            {},
+            {"cleanPodPolicy": "All"},
+            Workers(succeeded=(done(0), done(1))),
+            {
+                "phase": Phase.SUCCEEDED,
+                "delete": [("j-worker-0", 30, "job finished"), ("j-worker-1", 30, "job finished")],
+                "events": ["Succeeded"],
+                "conditions": [(SUCCEEDED, "WorkersSucceeded")],
+            },
+            id="succeeded-clean-all",
+        ),
+        pytest.param(
+            {}, {}, Workers(active=(worker(1),), succeeded=(done(0),)), {}, id="finishing-not-yet-done"
+        ),
+        pytest.param(
+            {},
+            {"cleanPodPolicy": "All"},
+            Workers(succeeded=(done(0),), failures=(failed(1, 1),), counted_failures=(failed(1, 1),)),
+            {
+                "phase": Phase.SUCCEEDED,
+                "restarts": 1,
+                "delete": [("j-worker-1", 0, "failed"), ("j-worker-0", 30, "job finished")],
+                "events": ["WorkerFailed", "Succeeded"],
+                "conditions": [(SUCCEEDED, "WorkersSucceeded")],
+            },
+            id="failure-then-success-deleted-once",
+        ),
+        pytest.param(
+            {"phase": "Failed", "restarts": 2},
+            {},
+            Workers(active=(worker(0),), failures=(failed(1, 1),), counted_failures=(failed(1, 1),)),
+            {"phase": Phase.FAILED, "restarts": 2, "delete": [("j-worker-0", 30, "job finished")]},
+            id="final-phase-stays-nothing-counted",
+        ),
+        pytest.param(
+            {"phase": "Succeeded"},
+            {"cleanPodPolicy": "None"},
+            Workers(active=(worker(0),)),
+            {"phase": Phase.SUCCEEDED},
+            id="final-clean-none",
+        ),
+        pytest.param(
+            {"phase": "Succeeded"},
+            {},
+            Workers(active=(worker(1),), taken=(Deletion("j-worker-5", "uid-j-5", 30, "being evicted"),)),
+            {"phase": Phase.SUCCEEDED, "delete": [("j-worker-1", 30, "job finished")]},
+            id="clean-up-skips-taken-and-deleting",
+        ),
+    ],
+)
+def test_end_of_job(
+    status: dict[str, Any], spec: dict[str, Any], seen: Workers, expected: dict[str, Any]
+) -> None:
+    taken = [TAKEN[d.name] for d in seen.taken]
+    workers = [*seen.active, *seen.failures, *seen.succeeded, *taken, worker(7, deleting=True)]
+    ending = end_of_job(job(status=status, **spec), workers, seen)
+    assert {
+        "phase": ending.phase,
+        "ended": ending.ended,
+        "restarts": ending.restarts,
+        "delete": deletions(ending.delete),
+        "events": [e.reason for e in ending.report.events],
+        "conditions": [(c.type, c.reason) for c in ending.report.conditions],
+    } == {
+        "phase": None,
+        "restarts": 0,
+        "delete": [],
+        "events": [],
+        "conditions": [],
+        **expected,
+        "ended": "phase" in expected,
+    }
+
+
+@pytest.mark.parametrize(
+    ("policy", "already", "expected"),
+    [
+        pytest.param("Running", set(), ["j-worker-0"], id="running-keeps-finished"),
+        pytest.param("All", set(), ["j-worker-0", "j-worker-1", "j-worker-2"], id="all"),
+        pytest.param("None", set(), [], id="none"),
+        pytest.param("All", {"j-worker-2"}, ["j-worker-0", "j-worker-1"], id="already-going-left-out"),
+    ],
+)
+def test_clean_up(policy: str, already: set[str], expected: list[str]) -> None:
+    workers = [worker(0), done(1), failed(2, 1), worker(3, deleting=True)]
+    result = clean_up(job(cleanPodPolicy=policy), workers, already)
+    assert deletions(result) == [(name, 30, "job finished") for name in expected]
+
+
+# --- pending timeout -----------------------------------------------------------------------------
+
+HELD = {"holdReplicas": 2, "holdUntil": format_time(NOW + 100)}
+
+
+@pytest.mark.parametrize(
+    ("status", "active", "ended", "expected"),
+    [
+        pytest.param(
+            {},
+            [worker(0), worker(1, None, "Pending", age=5)],
+            False,
+            {"active": ["j-worker-0", "j-worker-1"]},
+            id="nothing-stuck",
+        ),
+        pytest.param(
+            {},
+            [worker(0, None, "Pending", age=60)],
+            False,
+            {"active": ["j-worker-0"]},
+            id="at-the-limit-not-yet",
+        ),
+        pytest.param(
+            {},
+            [worker(0), worker(1, None, "Pending", age=61), worker(2, None, "Pending", age=5)],
+            False,
+            {
+                "active": ["j-worker-0", "j-worker-2"],
+                "stuck": ["j-worker-1"],
+                "hold": Hold(1, NOW + 300),
+                "events": ["WorkersWithdrawn"],
+            },
+            id="stuck-withdrawn-and-held-at-bound-count",
+        ),
+        pytest.param(
+            {},
+            [worker(0, None, "Pending", age=500)],
+            True,
+            {"active": ["j-worker-0"]},
+            id="ended-withdraws-nothing",
+        ),
+        pytest.param(
+            HELD, [worker(0)], False, {"active": ["j-worker-0"], "hold": Hold(2, NOW + 100)}, id="hold-kept"
+        ),
+        pytest.param(
+            {"holdReplicas": 2, "holdUntil": format_time(NOW - 1)},
+            [worker(0)],
+            False,
+            {"active": ["j-worker-0"]},
+            id="hold-expired",
+        ),
+        pytest.param(
+            HELD,
+            [worker(0, None, "Pending", age=100)],
+            False,
+            {"stuck": ["j-worker-0"], "hold": Hold(0, NOW + 300), "events": ["WorkersWithdrawn"]},
+            id="new-hold-replaces-old",
+        ),
+    ],
+)
+def test_pending_timeout(
+    status: dict[str, Any], active: list[Pod], ended: bool, expected: dict[str, Any]
+) -> None:
+    result = pending_timeout(job(status=status), active, ended, NOW, CONFIG)
+    assert {
+        "active": names(result.active),
+        "stuck": names(result.stuck),
+        "hold": result.hold,
+        "events": [e.reason for e in result.report.events],
+    } == {"active": [], "stuck": [], "hold": None, "events": [], **expected}
+    assert deletions(result.delete) == [(name, 0, "pending timeout") for name in names(result.stuck)]
+
+
+@pytest.mark.parametrize(
+    ("status", "hold"),
+    [
+        pytest.param({}, None, id="none"),
+        pytest.param(HELD, Hold(2, NOW + 100), id="in-force"),
+        pytest.param({**HELD, "holdUntil": format_time(NOW)}, None, id="ends-now"),
+        pytest.param({"holdUntil": format_time(NOW + 100)}, None, id="no-size"),
+        pytest.param(
+            {"holdReplicas": 0, "holdUntil": format_time(NOW + 1)}, Hold(0, NOW + 1), id="held-at-zero"
+        ),
+    ],
+)
+def test_current_hold(status: dict[str, Any], hold: Hold | None) -> None:
+    assert current_hold(job(status=status), NOW) == hold
+    assert hold_cap(job(status=status), NOW) == (hold.replicas if hold else None)
+
+
+# --- size ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("desired", "hold", "active", "ended", "finishing", "target"),
+    [
+        pytest.param(3, None, 2, False, False, 3, id="allocators-size"),
+        pytest.param(3, Hold(1, NOW + 1), 2, False, False, 0, id="hold-below-min"),
+        pytest.param(4, Hold(2, NOW + 1), 2, False, False, 2, id="hold-caps"),
+        pytest.param(1, Hold(3, NOW + 1), 2, False, False, 0, id="hold-does-not-raise"),
+        pytest.param(1, None, 2, False, False, 0, id="below-min-none"),
+        pytest.param(2, None, 0, False, False, 2, id="at-min"),
+        pytest.param(4, None, 1, False, True, 1, id="finishing-keeps-the-active"),
+        pytest.param(4, None, 3, True, True, 0, id="ended-none"),
+        pytest.param(4, None, 3, True, False, 0, id="ended-before-finishing"),
+    ],
+)
+def test_target_size(
+    desired: int, hold: Hold | None, active: int, ended: bool, finishing: bool, target: int
+) -> None:
+    assert target_size(desired, 2, hold, active, ended, finishing) == target
+
+
+@pytest.mark.parametrize(
+    ("active", "count", "expected"),
+    [
+        pytest.param(
+            [worker(0, "spot-0"), worker(1, "od-0"), worker(2, None, "Pending", age=5)],
+            1,
+            ["j-worker-2"],
+            id="unscheduled-first",
+        ),
+        pytest.param(
+            [worker(0, "od-0", age=10), worker(1, "spot-0", age=500)],
+            1,
+            ["j-worker-1"],
+            id="spot-before-on-demand",
+        ),
+        pytest.param(
+            [worker(0, "od-0", age=500), worker(1, "od-1", age=10), worker(2, "od-0", age=300)],
+            2,
+            ["j-worker-1", "j-worker-2"],
+            id="newest-first",
+        ),
+        pytest.param(
+            [worker(2, "od-0"), worker(10, "od-1"), worker(3, "od-0")],
+            2,
+            ["j-worker-10", "j-worker-3"],
+            id="highest-index-on-a-tie",
+        ),
+        pytest.param(
+            [worker(0, "gone"), worker(1, "spot-0")], 1, ["j-worker-1"], id="unknown-node-is-on-demand"
+        ),
+        pytest.param([worker(0), worker(1)], 0, [], id="none"),
+        pytest.param([worker(0), worker(1)], -1, [], id="negative-none"),
+        pytest.param(
+            [worker(0, age=5), worker(1)], 5, ["j-worker-0", "j-worker-1"], id="more-than-there-are"
+        ),
+    ],
+)
+def test_victims(active: list[Pod], count: int, expected: list[str]) -> None:
+    assert names(victims(active, count, NODES)) == expected
+
+
+@pytest.mark.parametrize(
+    ("active", "target", "disrupted", "others", "expected"),
+    [
+        pytest.param([worker(0), worker(1)], 2, False, [], {"generation": 3}, id="steady-same-world"),
+        pytest.param([worker(0), worker(1)], 2, True, [], {"generation": 4}, id="disrupted-new-world"),
+        pytest.param(
+            [worker(0)],
+            3,
+            False,
+            [],
+            {"generation": 4, "create": [(1, 4), (2, 4)]},
+            id="grow-at-free-indices",
+        ),
+        pytest.param(
+            [worker(1)],
+            2,
+            False,
+            [failed(0, 1)],
+            {"generation": 4, "create": [(2, 4)]},
+            id="failed-pod-keeps-its-name",
+        ),
+        pytest.param(
+            [worker(0, "od-0", age=500), worker(1, "spot-0"), worker(2, None, "Pending", age=5)],
+            1,
+            False,
+            [],
+            {"generation": 4, "delete": [("j-worker-2", 0, "scale down"), ("j-worker-1", 30, "scale down")]},
+            id="shrink-bound-get-grace",
+        ),
+        pytest.param([], 0, False, [], {"generation": 3, "active": []}, id="empty"),
+    ],
+)
+def test_resize(
+    active: list[Pod], target: int, disrupted: bool, others: list[Pod], expected: dict[str, Any]
+) -> None:
+    j = job(status={"worldGeneration": 3})
+    sizing = resize(j, active, target, disrupted, observed([*active, *others]))
+    deleted = {d.name for d in sizing.delete}
+    assert {
+        "target": sizing.target,
+        "active": names(sizing.active),
+        "delete": deletions(sizing.delete),
+        "create": list(sizing.create),
+        "generation": sizing.generation,
+    } == {
+        "target": target,
+        "active": [p.name for p in active if p.name not in deleted],
+        "delete": [],
+        "create": [],
+        **expected,
+    }
+
+
+@pytest.mark.parametrize(
+    ("count", "taken", "expected"),
+    [
+        pytest.param(0, set(), [], id="none"),
+        pytest.param(-2, set(), [], id="negative"),
+        pytest.param(2, set(), [(0, 5), (1, 5)], id="from-zero"),
+        pytest.param(2, {"j-worker-0", "j-worker-2"}, [(1, 5), (3, 5)], id="skips-taken"),
+        pytest.param(1, {"other-worker-0"}, [(0, 5)], id="other-jobs-names-do-not-matter"),
+    ],
+)
+def test_new_workers(count: int, taken: set[str], expected: list[tuple[int, int]]) -> None:
+    assert list(new_workers("j", count, 5, taken)) == expected
+
+
+# --- rendezvous pod and Services ---------------------------------------------------------------
+
+RDZV = make_rendezvous(J)
+BOTH = frozenset({"j-rdzv", "j-workers"})
+
+
+@pytest.mark.parametrize(
+    ("pods", "services", "ended", "policy", "expected"),
+    [
+        pytest.param([RDZV], BOTH, False, "Running", {}, id="steady"),
+        pytest.param(
+            [], frozenset(), False, "Running", {"create": True, "services": ["j-rdzv", "j-workers"]}, id="new"
+        ),
+        pytest.param(
+            [RDZV], frozenset({"j-rdzv"}), False, "Running", {"services": ["j-workers"]}, id="one-missing"
+        ),
+        pytest.param(
+            [replace(RDZV, phase="Failed")],
+            BOTH,
+            False,
+            "Running",
+            {"delete": ["rendezvous ended"]},
+            id="ended",
+        ),
+        pytest.param(
+            [replace(RDZV, phase="Succeeded")],
+            BOTH,
+            False,
+            "Running",
+            {"delete": ["rendezvous ended"]},
+            id="exited",
+        ),
+        pytest.param(
+            [replace(RDZV, node="gone")],
+            BOTH,
+            False,
+            "Running",
+            {"delete": ["rendezvous ended"]},
+            id="node-gone",
+        ),
+        pytest.param([replace(RDZV, deleting=True)], BOTH, False, "Running", {}, id="old-one-still-going"),
+        pytest.param(
+            [replace(RDZV, owner_uid="uid-old")], BOTH, False, "Running", {}, id="name-taken-by-a-stranger"
+        ),
+        pytest.param(
+            [RDZV], frozenset(), True, "Running", {"delete": ["job finished"]}, id="job-ended-clean"
+        ),
+        pytest.param(
+            [RDZV], frozenset(), True, "All", {"delete": ["job finished"]}, id="job-ended-clean-all"
+        ),
+        pytest.param([RDZV], frozenset(), True, "None", {}, id="job-ended-keep"),
+        pytest.param(
+            [replace(RDZV, deleting=True)], frozenset(), True, "All", {}, id="job-ended-already-going"
+        ),
+    ],
+)
+def test_rendezvous_and_services(
+    pods: list[Pod], services: frozenset[str], ended: bool, policy: str, expected: dict[str, Any]
+) -> None:
+    support = rendezvous_and_services(job(cleanPodPolicy=policy), observed(pods, services), ended)
+    assert {
+        "delete": [d.reason for d in support.delete],
+        "create": support.create_rendezvous_pod,
+        "services": list(support.create_services),
+    } == {"delete": [], "create": False, "services": [], **expected}
+    assert all((d.name, d.grace_seconds) == ("j-rdzv", 0) for d in support.delete)
+
+
+# --- status --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "ready", "replicas", "settled", "final", "phase", "condition"),
+    [
+        pytest.param(3, 1, 3, True, None, Phase.PENDING, (False, "WaitingForWorkers"), id="below-min"),
+        pytest.param(0, 0, 0, True, None, Phase.PENDING, (False, "WaitingForWorkers"), id="no-workers"),
+        pytest.param(3, 3, 3, True, None, Phase.RUNNING, (True, "MinimumAvailable"), id="all-ready"),
+        pytest.param(3, 2, 3, True, None, Phase.SCALING, (True, "MinimumAvailable"), id="some-not-ready"),
+        pytest.param(3, 3, 4, True, None, Phase.SCALING, (True, "MinimumAvailable"), id="extra-replicas"),
+        pytest.param(
+            3, 3, 3, False, None, Phase.SCALING, (True, "MinimumAvailable"), id="pods-still-changing"
+        ),
+        pytest.param(3, 3, 3, True, Phase.FAILED, Phase.FAILED, (False, "Failed"), id="failed-final"),
+        pytest.param(
+            0, 0, 0, True, Phase.SUCCEEDED, Phase.SUCCEEDED, (False, "Succeeded"), id="succeeded-final"
+        ),
+    ],
+)
+def test_readiness(
+    target: int,
+    ready: int,
+    replicas: int,
+    settled: bool,
+    final: Phase | None,
+    phase: Phase,
+    condition: tuple[bool, str],
+) -> None:
+    result, ready_condition = readiness(2, target, ready, replicas, settled, final)
+    assert result is phase
+    assert (ready_condition.type, ready_condition.status, ready_condition.reason) == (READY, *condition)
+
+
+@pytest.mark.parametrize(
+    ("target", "hold", "expected"),
+    [
+        pytest.param(3, None, (True, "Allocated", "3 worker(s) allocated in [2, 4]"), id="allocated"),
+        pytest.param(
+            0,
+            None,
+            (
+                False,
+                "InsufficientGPUs",
+                "needs min 2 workers x 1 GPU(s) on nodes it may use; 1 GPU(s) free there for it",
+            ),
+            id="insufficient-gpus",
+        ),
+        pytest.param(
+            0,
+            Hold(1, NOW + 300),
+            (
+                False,
+                "PendingTimeout",
+                f"only 1 of min 2 workers were scheduled within 60s; retrying after {format_time(NOW + 300)}",
+            ),
+            id="held-below-min",
+        ),
+        pytest.param(0, Hold(3, NOW + 300), (False, "InsufficientGPUs"), id="held-above-min-is-gpus"),
+        pytest.param(2, Hold(2, NOW + 300), (True, "Allocated"), id="held-but-allocated"),
+    ],
+)
+def test_schedulable(target: int, hold: Hold | None, expected: tuple[Any, ...]) -> None:
+    condition = schedulable(J, target, hold, 1, CONFIG)
+    assert condition.type == SCHEDULABLE
+    assert (condition.status, condition.reason, condition.message)[: len(expected)] == expected
+
+
+@pytest.mark.parametrize(
+    ("before", "target", "causes", "reason"),
+    [
+        pytest.param(2, 2, {"lost", "stuck", "failed", "spec_changed"}, None, id="same-size"),
+        pytest.param(2, 0, {"ended", "lost"}, None, id="ended"),
+        pytest.param(
+            3, 2, {"lost", "stuck", "failed", "spec_changed"}, RescaleReason.PREEMPTION, id="lost-first"
+        ),
+        pytest.param(
+            3, 2, {"stuck", "failed", "spec_changed"}, RescaleReason.PENDING_TIMEOUT, id="then-stuck"
+        ),
+        pytest.param(3, 4, {"failed", "spec_changed"}, RescaleReason.FAILURE, id="then-failed"),
+        pytest.param(0, 3, {"spec_changed"}, RescaleReason.SPEC_CHANGED, id="then-spec-or-new"),
+        pytest.param(2, 3, set(), RescaleReason.CAPACITY_FREED, id="grown"),
+        pytest.param(3, 2, set(), RescaleReason.CAPACITY_RECLAIMED, id="shrunk"),
+    ],
+)
+def test_rescale_reason(before: int, target: int, causes: set[str], reason: RescaleReason | None) -> None:
+    flags = {name: name in causes for name in ("ended", "lost", "stuck", "failed", "spec_changed")}
+    assert rescale_reason(before, target, **flags) == reason
+
+
+def progress(step: int, minute: int, **extra: Any) -> str:
+    return json.dumps({"step": step, "time": f"2026-01-01T00:0{minute}:00Z", **extra})
+
+
+@pytest.mark.parametrize(
+    ("reports", "expected"),
+    [
+        pytest.param([], None, id="none"),
+        pytest.param(["not json", "[1]"], None, id="unreadable"),
+        pytest.param(
+            [progress(1, 0), progress(9, 1)], {"step": 9, "time": "2026-01-01T00:01:00Z"}, id="newest"
+        ),
+        pytest.param(
+            [progress(9, 1), progress(1, 0)], {"step": 9, "time": "2026-01-01T00:01:00Z"}, id="any-order"
+        ),
+        pytest.param(
+            [progress(2, 3, x=1, loss=0.5)],
+            {"step": 2, "loss": 0.5, "time": "2026-01-01T00:03:00Z"},
+            id="contract-fields-only",
+        ),
+    ],
+)
+def test_latest_progress(reports: list[str], expected: dict[str, Any] | None) -> None:
+    pods = [worker(i, progress=report) for i, report in enumerate(reports)]
+    assert latest_progress([*pods, worker(9)]) == expected
+
+
+OLD = format_time(NOW - 600)
+RESCALE = {"time": STAMP, "from": 1, "to": 2, "reason": RescaleReason.CAPACITY_FREED}
+
+
+@pytest.mark.parametrize(
+    ("recorded", "phase", "rescale", "hold", "report", "expected"),
+    [
+        pytest.param({}, Phase.PENDING, None, None, None, {}, id="nothing-yet"),
+        pytest.param(
+            {"phase": "Running", "startTime": OLD, "x": 1},
+            Phase.RUNNING,
+            None,
+            None,
+            None,
+            {"startTime": OLD},
+            id="kept",
+        ),
+        pytest.param({}, Phase.RUNNING, None, None, None, {"startTime": STAMP}, id="first-running"),
+        pytest.param({}, Phase.SCALING, None, None, None, {}, id="scaling-not-started"),
+        pytest.param(
+            {"startTime": OLD},
+            Phase.FAILED,
+            None,
+            None,
+            None,
+            {"startTime": OLD, "completionTime": STAMP},
+            id="ended",
+        ),
+        pytest.param(
+            {"completionTime": OLD},
+            Phase.SUCCEEDED,
+            None,
+            None,
+            None,
+            {"completionTime": OLD},
+            id="ended-before",
+        ),
+        pytest.param(
+            {"lastRescale": {"reason": "x"}},
+            Phase.SCALING,
+            RESCALE,
+            None,
+            None,
+            {"lastRescale": RESCALE},
+            id="rescaled",
+        ),
+        pytest.param(
+            {"lastRescale": {"reason": "x"}},
+            Phase.SCALING,
+            None,
+            None,
+            None,
+            {"lastRescale": {"reason": "x"}},
+            id="last-rescale-kept",
+        ),
+        pytest.param(
+            {"holdReplicas": 1, "holdUntil": OLD},
+            Phase.PENDING,
+            None,
+            Hold(1, NOW + 60),
+            None,
+            {"holdReplicas": 1, "holdUntil": format_time(NOW + 60)},
+            id="hold-written",
+        ),
+        pytest.param(
+            {"holdReplicas": 1, "holdUntil": OLD}, Phase.PENDING, None, None, None, {}, id="hold-over-dropped"
+        ),
+        pytest.param(
+            {"progress": {"step": 1}},
+            Phase.SCALING,
+            None,
+            None,
+            None,
+            {"progress": {"step": 1}},
+            id="progress-kept",
+        ),
+        pytest.param(
+            {"progress": {"step": 1}},
+            Phase.SCALING,
+            None,
+            None,
+            {"step": 2},
+            {"progress": {"step": 2}},
+            id="progress-newer",
+        ),
+    ],
+)
+def test_history(
+    recorded: dict[str, Any],
+    phase: Phase,
+    rescale: dict[str, Any] | None,
+    hold: Hold | None,
+    report: dict[str, Any] | None,
+    expected: dict[str, Any],
+) -> None:
+    assert history(recorded, phase, STAMP, rescale, hold, report) == expected
+
+
+LOST = Workers(lost={"j-worker-2": "NodeLost"})
+GROWN = Sizing(3, (worker(0), worker(1)), create=((2, 2),), generation=2)
+
+
+@pytest.mark.parametrize(
+    ("seen", "ending", "timeout", "sizing", "settled", "expected"),
+    [
+        pytest.param(
+            Workers(),
+            Ending(),
+            Timeout(),
+            Sizing(2, (worker(0), worker(1)), generation=1),
+            True,
+            {
+                "phase": Phase.RUNNING,
+                "reason": None,
+                "events": [],
+                "conditions": {READY: "MinimumAvailable", SCHEDULABLE: "Allocated"},
+                "status": {"startTime": STAMP, "replicas": 2, "readyReplicas": 2, "worldGeneration": 1},
+            },
+            id="steady",
+        ),
+        pytest.param(
+            LOST,
+            Ending(report=Report((Event("Warning", "WorkerFailed", "x"),))),
+            Timeout(report=Report((Event("Warning", "WorkersWithdrawn", "y"),))),
+            GROWN,
+            False,
+            {
+                "phase": Phase.SCALING,
+                "reason": RescaleReason.PREEMPTION,
+                "events": [PREEMPTED, "WorkerFailed", "WorkersWithdrawn", "Rescaled"],
+                "conditions": {READY: "MinimumAvailable", SCHEDULABLE: "Allocated", PREEMPTED: "NodeLost"},
+                "status": {
+                    "preemptions": 2,
+                    "replicas": 3,
+                    "workerNodes": {"j-worker-0": "od-0", "j-worker-1": "od-0", "j-worker-2": ""},
+                    "lastRescale": {"time": STAMP, "from": 2, "to": 3, "reason": "Preemption"},
+                },
+            },
+            id="events-in-step-order",
+        ),
+        pytest.param(
+            Workers(),
+            Ending(
+                Phase.FAILED,
+                4,
+                report=Report(conditions=(ConditionUpdate(FAILED, True, "TooManyFailures", "m"),)),
+            ),
+            Timeout(),
+            Sizing(0, generation=1),
+            False,
+            {
+                "phase": Phase.FAILED,
+                "reason": None,
+                "events": [],
+                "conditions": {READY: "Failed", FAILED: "TooManyFailures"},
+                "status": {"completionTime": STAMP, "restarts": 4, "desiredReplicas": 0, "replicas": 0},
+            },
+            id="ended-not-schedulable-no-rescale",
+        ),
+        pytest.param(
+            Workers(),
+            Ending(),
+            Timeout(hold=Hold(1, NOW + 300)),
+            Sizing(0, generation=2),
+            False,
+            {
+                "phase": Phase.PENDING,
+                "reason": RescaleReason.CAPACITY_RECLAIMED,
+                "events": ["Rescaled"],
+                "conditions": {READY: "WaitingForWorkers", SCHEDULABLE: "PendingTimeout"},
+                "status": {"holdReplicas": 1, "holdUntil": format_time(NOW + 300)},
+            },
+            id="held",
+        ),
+    ],
+)
+def test_job_status(
+    seen: Workers, ending: Ending, timeout: Timeout, sizing: Sizing, settled: bool, expected: dict[str, Any]
+) -> None:
+    j = job(status={"phase": "Running", "desiredReplicas": 2, "observedGeneration": 1, "preemptions": 1})
+    update = job_status(j, observed([*sizing.active]), seen, ending, timeout, sizing, settled, NOW, CONFIG)
+    conditions = {c["type"]: c["reason"] for c in update.status["conditions"]}
+    assert update.status["phase"] is expected["phase"]
+    assert update.rescale_reason == expected["reason"]
+    assert [e.reason for e in update.report.events] == expected["events"]
+    assert conditions == expected["conditions"]
+    assert {key: update.status[key] for key in expected["status"]} == expected["status"]
+    assert update.status["desiredReplicas"] == sizing.target
+    assert update.status["observedGeneration"] == 1
