@@ -29,9 +29,11 @@ from types import FrameType
 from typing import Any
 
 import yaml
-from ebbflow_api import contract
+from ebbflow_api import contract, crd
+from ebbflow_api.builders import JobBuilder
+from ebbflow_api.waiting import wait_for
 from ebbflow_operator.devcluster.controlplane import running_control_plane
-from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, delete_node, wait_for
+from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, delete_node
 from kubernetes import client, config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,14 +58,18 @@ class Bench:
         self.apiext = client.ApiextensionsV1Api(api)
 
     def install(self) -> None:
-        self.apiext.create_custom_resource_definition(
-            yaml.safe_load((REPO / "crds" / "ebbflow.dev_elastictrainingjobs.yaml").read_text())
-        )
+        manifest = yaml.safe_load((REPO / crd.CRD_FILE).read_text())
+        self.apiext.create_custom_resource_definition(manifest)
         self.core.create_namespace({"metadata": {"name": NAMESPACE}})
         wait_for(
             lambda: self.core.list_namespaced_service_account(NAMESPACE).items, 60, "default ServiceAccount"
         )
-        time.sleep(2)  # CRD established
+
+        def established() -> bool:
+            served = self.apiext.read_custom_resource_definition(manifest["metadata"]["name"])
+            return any(c.type == "Established" and c.status == "True" for c in served.status.conditions or [])
+
+        wait_for(established, 60, "CRD established")
 
     def add_nodes(self, count: int) -> list[str]:
         template = GpuNodeTemplate(labels={GROUP_LABEL: "yes"})
@@ -87,28 +93,14 @@ class Bench:
         return names
 
     def job(self, name: str, lo: int, hi: int) -> dict[str, Any]:
-        return {
-            "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
-            "kind": contract.KIND,
-            "metadata": {"name": name},
-            "spec": {
-                "replicas": {"min": lo, "max": hi},
-                "globalBatchSize": 64 * hi,
-                "leaveGraceSeconds": 5,
-                "template": {
-                    "spec": {
-                        "nodeSelector": {GROUP_LABEL: "yes"},
-                        "containers": [
-                            {
-                                "name": "t",
-                                "image": "ebbflow/trainer:bench",
-                                "resources": {"limits": {"nvidia.com/gpu": 1}},
-                            }
-                        ],
-                    }
-                },
-            },
-        }
+        return (
+            JobBuilder(name)
+            .replicas(lo, hi)
+            .node_selector({GROUP_LABEL: "yes"})
+            .image("ebbflow/trainer:bench")
+            .set(leaveGraceSeconds=5)
+            .obj()
+        )
 
     def submit(self, prefix: str, count: int, lo: int, hi: int) -> None:
         def create(i: int) -> None:
@@ -217,6 +209,12 @@ def histogram_quantiles(metrics: str) -> dict[str, float]:
     return result
 
 
+def operator_ready(operator: subprocess.Popen[bytes], port: int, gpus: int) -> bool:
+    """The operator serves /metrics and has counted every node's GPUs in a pass."""
+    assert operator.poll() is None, f"the operator exited with {operator.returncode}"
+    return f'ebbflow_cluster_gpus{{state="total"}} {float(gpus)}' in scrape(port)
+
+
 def interrupt(signum: int, frame: FrameType | None) -> None:
     """SIGTERM (e.g. a timeout) still stops the operator and the control plane, and cleans up."""
     raise KeyboardInterrupt(f"signal {signum}")
@@ -271,7 +269,7 @@ def main() -> None:
             stderr=subprocess.STDOUT,
         )
         try:
-            time.sleep(3)
+            wait_for(lambda: operator_ready(operator, port, args.nodes * 4), 120, "the operator's first pass")
             # --- 1. 100 jobs, converge, then node deletions -------------------------------------------
             total = min(24 * args.jobs, args.nodes * 4)
             started = time.monotonic()
@@ -281,7 +279,7 @@ def main() -> None:
             print(f"{args.jobs} jobs converged in {results['converge_jobs_s']} s", flush=True)
             latencies = []
             for number, node in enumerate(names[: args.deletions], start=1):
-                time.sleep(1)
+                time.sleep(1)  # pacing, not waiting: each deletion starts a second after the last settled
                 expected = min(24 * args.jobs, (args.nodes - number) * 4)
                 started = time.monotonic()
                 delete_node(bench.core, node)

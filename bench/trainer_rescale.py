@@ -28,10 +28,12 @@ import time
 from itertools import pairwise
 from pathlib import Path
 
+from ebbflow_api.waiting import wait_for
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.trainer.trainer_cluster import Node, running_job, wait_for  # noqa: E402
+from tests.trainer.trainer_cluster import Node, running_job  # noqa: E402
 
 STEP_SECONDS = 0.04
 # How long to wait for stock torchrun's survivors to train again before calling it "never".
@@ -133,8 +135,12 @@ def measure_torchrun(scenario: str, root: Path) -> float:
         else:
             victim.process.send_signal(signal.SIGTERM)
         try:
-            wait_for(lambda: _trained_after(survivor.journal, 2, changed_at), BASELINE_PATIENCE, "")
-        except AssertionError:
+            wait_for(
+                lambda: _trained_after(survivor.journal, 2, changed_at),
+                BASELINE_PATIENCE,
+                "stock torchrun to train again at world size 2",
+            )
+        except TimeoutError:
             return math.inf  # never resumed within the patience: report that, not a number
         return _pause(survivor.journal, changed_at)
     finally:

@@ -1,6 +1,7 @@
 """`ebbflow-operator` / `python -m ebbflow_operator`: the operator process.
 
-Every option also reads an EBBFLOW_OPERATOR_* environment variable (the Helm chart sets those).
+Every option also reads an EBBFLOW_OPERATOR_* environment variable, for deployments that configure
+the operator through its container's environment rather than its arguments.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Integration fixtures: one real control plane per test session, a fresh namespace per test.
+"""Integration fixtures: one real control plane per test session, a fresh namespace per test, the
+CRD for the modules that ask for it (`pytestmark = pytest.mark.usefixtures("crd")`).
 
 When the control plane cannot start, tests skip on a developer machine (with the reason) but fail
 under CI=true: the integration tier must never silently vanish from CI.
@@ -12,18 +13,25 @@ import signal
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 import pytest
+import yaml
+from ebbflow_api import crd as crd_module
+from ebbflow_api.waiting import wait_for
 from ebbflow_operator.devcluster.controlplane import (
     ControlPlane,
     ControlPlaneError,
     missing_tools,
     start_control_plane,
 )
-from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, create_gpu_nodes, delete_node, wait_for
+from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, create_gpu_nodes, delete_node
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / crd_module.CRD_FILE
 NODE_GROUP_LABEL = "ebbflow.dev/test-node-group"
 
 
@@ -76,6 +84,32 @@ def kube(control_plane: ControlPlane) -> Kube:
         custom=client.CustomObjectsApi(api),
         apiextensions=client.ApiextensionsV1Api(api),
     )
+
+
+def install_crd(kube: Kube) -> None:
+    """Creates or updates the committed CRD and waits until the API serves it."""
+    manifest = yaml.safe_load(CRD_FILE.read_text())
+    name = manifest["metadata"]["name"]
+    try:
+        kube.apiextensions.create_custom_resource_definition(manifest)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        current = kube.apiextensions.read_custom_resource_definition(name)
+        manifest["metadata"]["resourceVersion"] = current.metadata.resource_version
+        kube.apiextensions.replace_custom_resource_definition(name, manifest)
+
+    def established() -> bool:
+        served = kube.apiextensions.read_custom_resource_definition(name)
+        return any(c.type == "Established" and c.status == "True" for c in served.status.conditions or [])
+
+    wait_for(established, 30, "CRD established")
+
+
+@pytest.fixture(scope="session")
+def crd(kube: Kube) -> None:
+    """The committed ElasticTrainingJob CRD, installed and served (once per session)."""
+    install_crd(kube)
 
 
 @pytest.fixture

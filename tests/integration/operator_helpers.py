@@ -1,4 +1,4 @@
-"""Shared helpers for the operator's integration tests: the CRD, the operator as a subprocess, jobs."""
+"""Shared helpers for the operator's integration tests: the operator as a subprocess, jobs."""
 
 from __future__ import annotations
 
@@ -13,38 +13,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
 from ebbflow_api import contract
+from ebbflow_api.builders import JobBuilder
 from ebbflow_operator.devcluster.controlplane import ControlPlane
-from ebbflow_operator.devcluster.gpunodes import GPU_RESOURCE, wait_for
-from kubernetes.client.exceptions import ApiException
 
-from .conftest import Kube
+from .conftest import REPO, Kube
 
-REPO = Path(__file__).resolve().parents[2]
-CRD_FILE = REPO / "crds" / "ebbflow.dev_elastictrainingjobs.yaml"
 KUBECTL = REPO / ".tools" / "bin" / "kubectl"
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
-
-
-def install_crd(kube: Kube) -> None:
-    """Creates or updates the committed CRD and waits until the API serves it."""
-    manifest = yaml.safe_load(CRD_FILE.read_text())
-    name = manifest["metadata"]["name"]
-    try:
-        kube.apiextensions.create_custom_resource_definition(manifest)
-    except ApiException as error:
-        if error.status != 409:
-            raise
-        current = kube.apiextensions.read_custom_resource_definition(name)
-        manifest["metadata"]["resourceVersion"] = current.metadata.resource_version
-        kube.apiextensions.replace_custom_resource_definition(name, manifest)
-
-    def established() -> bool:
-        crd = kube.apiextensions.read_custom_resource_definition(name)
-        return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
-
-    wait_for(established, 30, "CRD established")
 
 
 def free_port() -> int:
@@ -100,7 +76,7 @@ class OperatorProcess:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-                self.process.wait()
+                self.process.wait(10)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
@@ -131,28 +107,12 @@ def job_manifest(
     cpu: str | None = None,
     **spec: Any,
 ) -> dict[str, Any]:
-    resources: dict[str, Any] = {"limits": {GPU_RESOURCE: gpus}}
+    """The shared `JobBuilder` job on this test's nodes, min `lo` and max `hi` workers of `gpus` GPUs
+    each, a short leave grace, and any other spec fields by their API names (`priority=100`)."""
+    job = JobBuilder(name).replicas(lo, hi).gpus(gpus).node_selector(node_selector)
     if cpu:
-        resources["requests"] = {"cpu": cpu}
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": contract.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": {"min": lo, "max": hi},
-            "globalBatchSize": 64 * hi,
-            "leaveGraceSeconds": 5,
-            "template": {
-                "spec": {
-                    "nodeSelector": node_selector,
-                    "containers": [
-                        {"name": "trainer", "image": "ebbflow/trainer:test", "resources": resources}
-                    ],
-                }
-            },
-            **spec,
-        },
-    }
+        job.cpu(cpu)
+    return job.set(leaveGraceSeconds=5, **spec).obj()
 
 
 def create_job(kube: Kube, namespace: str, manifest: dict[str, Any]) -> None:

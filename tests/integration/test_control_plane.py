@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from ebbflow_api.waiting import wait_for
 from ebbflow_operator.devcluster.gpunodes import (
     GPU_RESOURCE,
     GpuNodeTemplate,
@@ -13,7 +14,6 @@ from ebbflow_operator.devcluster.gpunodes import (
     fail_pod,
     node_is_ready,
     preempt_node,
-    wait_for,
 )
 from kubernetes.client.exceptions import ApiException
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 from ebbflow_api import contract
+from ebbflow_api.waiting import wait_for
 from ebbflow_operator.devcluster.controlplane import ControlPlane
-from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, drain_node, fail_pod, preempt_node, wait_for
+from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, drain_node, fail_pod, preempt_node
 from kubernetes.client.exceptions import ApiException
 
 from .conftest import GpuNodes, Kube
@@ -21,7 +22,6 @@ from .operator_helpers import (
     condition,
     create_job,
     events,
-    install_crd,
     job_manifest,
     running_operator,
     settled,
@@ -29,12 +29,9 @@ from .operator_helpers import (
     workers,
 )
 
+pytestmark = pytest.mark.usefixtures("crd")
+
 SETTLE = 90  # seconds; generous for a loaded 2-core machine
-
-
-@pytest.fixture(scope="module", autouse=True)
-def crd(kube: Kube) -> None:
-    install_crd(kube)
 
 
 def _operator(

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 from ebbflow_api import contract
+from ebbflow_api.waiting import wait_for
 from ebbflow_operator.devcluster.controlplane import ControlPlane
-from ebbflow_operator.devcluster.gpunodes import delete_node, wait_for
+from ebbflow_operator.devcluster.gpunodes import delete_node
 
 from .conftest import GpuNodes, Kube
 from .operator_helpers import (
@@ -17,17 +18,13 @@ from .operator_helpers import (
     VERSION,
     OperatorProcess,
     create_job,
-    install_crd,
     job_manifest,
     settled,
 )
 
+pytestmark = pytest.mark.usefixtures("crd")
+
 SETTLE = 90  # seconds; generous for a loaded 2-core machine
-
-
-@pytest.fixture(scope="module", autouse=True)
-def crd(kube: Kube) -> None:
-    install_crd(kube)
 
 
 def assert_clean(kube: Kube, namespace: str, job: str, count: int) -> None:

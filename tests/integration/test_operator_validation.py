@@ -10,18 +10,18 @@ from typing import Any
 
 import pytest
 import yaml
+from ebbflow_api.contract import API_GROUP, API_VERSION, PLURAL, RENDEZVOUS_PORT
+from ebbflow_api.models import GPU_RESOURCE
 from ebbflow_operator.devcluster.controlplane import ControlPlane
 
 from .conftest import Kube
-from .operator_helpers import KUBECTL, REPO, install_crd
+from .operator_helpers import KUBECTL, REPO
 
 Manifest = dict[str, Any]
 EXAMPLE = yaml.safe_load((REPO / "examples" / "jobs" / "resnet-elastic.yaml").read_text())
+KUBECTL_TIMEOUT = 60  # seconds for one kubectl call against the local control plane
 
-
-@pytest.fixture(scope="module", autouse=True)
-def crd(kube: Kube) -> None:
-    install_crd(kube)
+pytestmark = pytest.mark.usefixtures("crd")
 
 
 def kubectl_apply(
@@ -42,7 +42,7 @@ def kubectl_apply(
         input=yaml.safe_dump(manifest),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=KUBECTL_TIMEOUT,
     )
 
 
@@ -87,7 +87,7 @@ def container(key: str, value: Any = None, delete: bool = False) -> Callable[[Ma
 
 def gpus(value: Any) -> Callable[[Manifest], None]:
     def change(manifest: Manifest) -> None:
-        manifest["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = value
+        manifest["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][GPU_RESOURCE] = value
 
     return change
 
@@ -217,12 +217,12 @@ def test_examples_are_accepted_and_defaulted(
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=KUBECTL_TIMEOUT,
     )
     assert result.returncode == 0, result.stderr
     applied = yaml.safe_load(result.stdout)
     assert applied["spec"]["replicas"] == manifest["spec"]["replicas"]
-    assert applied["spec"]["rendezvous"]["port"] == 29400
+    assert applied["spec"]["rendezvous"]["port"] == RENDEZVOUS_PORT
     assert applied["spec"]["cleanPodPolicy"] == "Running"
 
 
@@ -230,19 +230,30 @@ def test_kubectl_scale_moves_max_and_validation_still_applies(
     control_plane: ControlPlane, namespace: str, kube: Kube
 ) -> None:
     manifest = copy.deepcopy(EXAMPLE)
-    kube.custom.create_namespaced_custom_object(
-        "ebbflow.dev", "v1alpha1", namespace, "elastictrainingjobs", manifest
-    )
-    base = [str(KUBECTL), "--kubeconfig", str(control_plane.kubeconfig), "-n", namespace]
-    scaled = subprocess.run(
-        [*base, "scale", "etj/resnet-elastic", "--replicas=12"], capture_output=True, text=True
-    )
+    kube.custom.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, manifest)
+
+    def scale(replicas: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                str(KUBECTL),
+                "--kubeconfig",
+                str(control_plane.kubeconfig),
+                "-n",
+                namespace,
+                "scale",
+                "etj/resnet-elastic",
+                f"--replicas={replicas}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=KUBECTL_TIMEOUT,
+        )
+
+    scaled = scale(12)
     assert scaled.returncode == 0, scaled.stderr
     job = kube.custom.get_namespaced_custom_object(
-        "ebbflow.dev", "v1alpha1", namespace, "elastictrainingjobs", "resnet-elastic"
+        API_GROUP, API_VERSION, namespace, PLURAL, "resnet-elastic"
     )
     assert job["spec"]["replicas"] == {"min": 2, "max": 12}
-    too_far = subprocess.run(
-        [*base, "scale", "etj/resnet-elastic", "--replicas=20"], capture_output=True, text=True
-    )
+    too_far = scale(20)
     assert too_far.returncode != 0 and "spec.virtualNodes must be >= spec.replicas.max" in too_far.stderr

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from ebbflow_api import contract
+from ebbflow_api.waiting import wait_for
 
 from tests.trainer.trainer_cluster import (
     DIGITS,
@@ -22,7 +23,6 @@ from tests.trainer.trainer_cluster import (
     assert_bitwise_equal,
     parameters_of,
     running_job,
-    wait_for,
 )
 
 # Modelled device time per virtual node: long enough to act mid-run, short enough for CI.
@@ -44,8 +44,8 @@ def _wait_for_world(job: Job, node: Node, size: int, min_step: int) -> dict[str,
 
     try:
         return wait_for(reached, 120, f"{node.name} to train at world size {size}")
-    except AssertionError as error:
-        raise AssertionError(f"{error}\n{job.diagnose()}") from None
+    except TimeoutError as error:
+        raise TimeoutError(f"{error}\n{job.diagnose()}") from None
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

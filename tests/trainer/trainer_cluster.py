@@ -13,30 +13,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from ebbflow_api import contract
+from ebbflow_api.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = str(REPO / "examples" / "digits" / "train.py")
-T = TypeVar("T")
-
-
-def wait_for(condition: Callable[[], T], timeout: float, what: str, poll: float = 0.05) -> T:
-    """Poll ``condition`` until it returns something truthy, or fail naming what never happened."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(poll)
 
 
 def descendants(pid: int) -> list[int]:
@@ -214,11 +202,11 @@ class Job:
         """Logs with every live process's stacks, for a scenario that did not finish in time."""
         self.dump_stacks()
         live = [n for n in self.nodes if n.process.poll() is None]
-        with suppress(AssertionError):
+        with suppress(TimeoutError):
             wait_for(
                 lambda: all("most recent call first" in n.log.read_text(errors="replace") for n in live),
                 10,
-                "",
+                "every live process's stacks in its log",
             )
         return self.logs(tail=12000)
 

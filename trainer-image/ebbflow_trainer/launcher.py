@@ -20,9 +20,6 @@ from ebbflow_api import contract
 
 from ebbflow_trainer.config import TrainerConfig
 
-# The worker writes this file in its state directory once it has left after SIGTERM.
-LEFT_MARKER = "left"
-
 
 def run(config: TrainerConfig) -> int:
     """Run the elastic agent until training finishes, this pod leaves, or restarts run out."""
@@ -34,6 +31,7 @@ def run(config: TrainerConfig) -> int:
 
     from ebbflow_trainer.preload import ENV_PRELOAD_SCRIPT
     from ebbflow_trainer.rendezvous import GenerationRendezvousHandler
+    from ebbflow_trainer.state import LEFT_MARKER
     from ebbflow_trainer.worker import run_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

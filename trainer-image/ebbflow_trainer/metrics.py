@@ -66,6 +66,7 @@ class ProgressReporter:
         self.environ = dict(os.environ if environ is None else environ)
         self._last = 0.0
         self._thread: threading.Thread | None = None
+        self.failures = 0  # reports that failed (each logged once); training went on regardless
 
     @staticmethod
     def report(step: int, samples: int, loss: float, samples_per_second: float) -> dict[str, Any]:
@@ -93,7 +94,8 @@ class ProgressReporter:
                 temporary = path.with_name(".progress.json.tmp")
                 temporary.write_text(json.dumps(report))
                 os.replace(temporary, path)
-        except Exception as error:  # best effort by design: log and keep training
+        except Exception as error:  # best effort by design: log, count and keep training
+            self.failures += 1
             log.warning("progress report failed: %s", error)
 
     def _in_cluster(self) -> bool:

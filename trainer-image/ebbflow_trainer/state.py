@@ -20,6 +20,9 @@ from ebbflow_trainer.engine import VirtualNodeEngine
 
 HANDOFF_FILE = "handoff.pt"
 CHECKPOINT_FILE = "checkpoint.pt"
+# The worker writes this file in its state directory once it has left after SIGTERM; the launcher
+# reads it to exit 0 instead of restarting the worker.
+LEFT_MARKER = "left"
 
 
 def capture(engine: VirtualNodeEngine, step: int, last_step_wall_time: float) -> dict[str, Any]:

@@ -34,7 +34,6 @@ from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.batching import DynamicBatchingController
 from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.engine import VirtualNodeEngine
-from ebbflow_trainer.launcher import LEFT_MARKER
 from ebbflow_trainer.rendezvous import connect, generation_store
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
 
@@ -263,7 +262,7 @@ class Worker:
             self.write_checkpoint()
             self._report_last_step(force=True)
         if self.leave.requested:
-            (self.state_dir / LEFT_MARKER).touch()
+            (self.state_dir / state.LEFT_MARKER).touch()
             self.journal.write("left", step=self.step, generation=self.world.generation)
             return contract.EXIT_SUCCESS
         self.journal.write("reform", step=self.step, generation=self.world.generation)
@@ -323,5 +322,5 @@ def _run(config: TrainerConfig, world: World, leave: LeaveSignal) -> int:
             return EXIT_REFORM
         return worker.train()
     except LeaveNow:
-        (Path(config.state_dir) / LEFT_MARKER).touch()
+        (Path(config.state_dir) / state.LEFT_MARKER).touch()
         return contract.EXIT_SUCCESS

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ebbflow_api.waiting import wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -171,18 +171,6 @@ def fail_pod(core: client.CoreV1Api, namespace: str, name: str, exit_code: int) 
 def pods_on_node(core: client.CoreV1Api, name: str) -> list[client.V1Pod]:
     pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items
     return [p for p in pods if p.status.phase not in ("Succeeded", "Failed")]
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.1) -> Any:
-    """Polls `condition` until it returns something truthy (and returns it), or raises TimeoutError."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def _clean(taints: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -6,10 +6,11 @@ import torch
 import torch.nn.functional as F
 from ebbflow_trainer import state
 from ebbflow_trainer.api import TrainingSpec
-from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.engine import VirtualNodeEngine
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
 from torch.utils.data import TensorDataset
+
+from tests.trainer_config import trainer_config
 
 V, B = 4, 16
 
@@ -31,11 +32,7 @@ def _engine(mode: str, lr_scaling: str = "none", base_batch_size: int | None = N
         dataset=TensorDataset(features, labels),
         loss_fn=_loss,
     )
-    config = TrainerConfig(
-        spec="",
-        rdzv_endpoint="rdzv:1",
-        rdzv_id="unit",
-        min_replicas=1,
+    config = trainer_config(
         max_replicas=V,
         virtual_nodes=V,
         global_batch_size=B,

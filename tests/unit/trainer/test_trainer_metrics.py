@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import urllib.request
 from pathlib import Path
 
+import pytest
 from ebbflow_api import contract
 from ebbflow_trainer import metrics
-from ebbflow_trainer.config import TrainerConfig
 
-
-def _config(checkpoint_path: str) -> TrainerConfig:
-    return TrainerConfig(
-        spec="",
-        rdzv_endpoint="rdzv:1",
-        rdzv_id="unit",
-        min_replicas=1,
-        max_replicas=1,
-        virtual_nodes=1,
-        global_batch_size=8,
-        checkpoint_path=checkpoint_path,
-    )
+from tests.trainer_config import trainer_config
 
 
 def test_metrics_endpoint_exposes_the_trainer_series() -> None:
@@ -46,7 +36,7 @@ def test_metrics_endpoint_exposes_the_trainer_series() -> None:
 
 
 def test_progress_goes_to_a_local_file_outside_a_cluster(tmp_path: Path) -> None:
-    reporter = metrics.ProgressReporter(_config(str(tmp_path)), environ={})
+    reporter = metrics.ProgressReporter(trainer_config(checkpoint_path=str(tmp_path)), environ={})
     reporter.maybe_report(reporter.report(12, 96, 0.5, 100.0), force=True)
     report = json.loads((tmp_path / "progress.json").read_text())
     assert tuple(report) == contract.PROGRESS_FIELDS
@@ -58,9 +48,19 @@ def test_progress_goes_to_a_local_file_outside_a_cluster(tmp_path: Path) -> None
     )
 
 
-def test_a_failing_progress_report_never_raises(tmp_path: Path) -> None:
-    blocked = tmp_path / "file"
-    blocked.write_text("not a directory")
-    reporter = metrics.ProgressReporter(_config(str(blocked)), environ={})
-    reporter.maybe_report(reporter.report(1, 8, 1.0, 1.0), force=True)
-    assert not (blocked / "progress.json").exists()
+def test_a_failing_progress_report_is_logged_once_and_the_next_one_still_goes_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocked = tmp_path / "checkpoints"
+    blocked.write_text("a file where the checkpoint directory should be")
+    reporter = metrics.ProgressReporter(trainer_config(checkpoint_path=str(blocked)), environ={})
+    with caplog.at_level(logging.WARNING, logger=metrics.__name__):
+        reporter.maybe_report(reporter.report(1, 8, 1.0, 1.0), force=True)  # returns, does not raise
+    logged = [r.getMessage() for r in caplog.records if r.name == metrics.__name__]
+    assert reporter.failures == 1
+    assert len(logged) == 1 and logged[0].startswith("progress report failed:"), logged
+
+    blocked.unlink()  # the path is usable again: the reporter must not have given up
+    reporter.maybe_report(reporter.report(2, 16, 0.5, 1.0), force=True)
+    assert reporter.failures == 1
+    assert json.loads((blocked / "progress.json").read_text())["step"] == 2

@@ -1,0 +1,46 @@
+"""`wait_for`: poll a condition until it holds, for the dev cluster, the benchmarks and every test tier.
+
+Standard library only: the operator's devcluster, the benchmarks and the trainer tests all have the
+api distribution, and none of them may need more than it to wait for something.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_SHOWN = 300  # characters of the last value shown in a timeout message
+
+
+def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
+    """Poll `condition` every `interval` seconds until it returns something truthy, and return that.
+
+    An exception from `condition` counts as "not yet" (an API server restarting, a file caught
+    half-written) and is polled again, except AssertionError: a condition asserts to give up at once
+    (the process it waits on has died). After `timeout` seconds, raises TimeoutError naming `what`
+    and the last value or exception (chained as its cause).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        error: Exception | None = None
+        try:
+            result = condition()
+        except AssertionError:
+            raise
+        except Exception as caught:
+            error = caught
+        else:
+            if result:
+                return result
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            if error is not None:
+                last = f"last error: {error!r}"
+            else:
+                shown = repr(result)
+                last = f"last value: {shown if len(shown) <= _SHOWN else shown[:_SHOWN] + '...'}"
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what} ({last})") from error
+        time.sleep(min(interval, remaining))
