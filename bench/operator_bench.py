@@ -220,6 +220,70 @@ def interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def start_operator(kubeconfig: Path, port: int) -> subprocess.Popen[bytes]:
+    """The operator as a subprocess scoped to the bench's namespace and nodes; log in bench/results."""
+    log = REPO / "bench" / "results" / "operator.log"
+    log.parent.mkdir(exist_ok=True)
+    command = [
+        *(sys.executable, "-m", "ebbflow_operator", "--namespace", NAMESPACE),
+        *("--node-selector", f"{GROUP_LABEL}=yes", "--log-level", "INFO"),
+        *("--metrics-port", str(port), "--metrics-address", "127.0.0.1"),
+    ]
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    return subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def steady_state(bench: Bench, args: argparse.Namespace, names: list[str], port: int) -> dict[str, Any]:
+    """Phase 1: `--jobs` jobs converge, then `--deletions` nodes are deleted one at a time."""
+    results: dict[str, Any] = {}
+    total = min(24 * args.jobs, args.nodes * 4)
+    started = time.monotonic()
+    bench.submit("steady", args.jobs, 2, 24)
+    wait_for(lambda: bench.consistent(total), 600, f"{args.jobs} jobs, {total} workers", interval=0.5)
+    results["converge_jobs_s"] = round(time.monotonic() - started, 2)
+    print(f"{args.jobs} jobs converged in {results['converge_jobs_s']} s", flush=True)
+    latencies = []
+    for number, node in enumerate(names[: args.deletions], start=1):
+        time.sleep(1)  # pacing, not waiting: each deletion starts a second after the last settled
+        expected = min(24 * args.jobs, (args.nodes - number) * 4)
+        started = time.monotonic()
+        delete_node(bench.core, node)
+        wait_for(
+            lambda node=node, expected=expected: bench.settled(expected, gone_node=node),
+            120,
+            f"resize after {node}",
+            interval=0.1,
+        )
+        latencies.append(time.monotonic() - started)
+        wait_for(lambda expected=expected: bench.consistent(expected), 60, "pods agree with status")
+        print(f"deleted {node}: resize applied in {latencies[-1]:.2f} s", flush=True)
+    results["deletion_latency_p50_s"] = round(statistics.median(latencies), 3)
+    results["deletion_latency_p95_s"] = round(percentile(latencies, 0.95), 3)
+    results["deletion_latency_max_s"] = round(max(latencies), 3)
+    results["operator_decision_latency"] = histogram_quantiles(scrape(port))
+    return results
+
+
+def burst(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
+    """Phase 2: the steady jobs go, then `--burst` jobs are submitted at once and converge."""
+    bench.delete_jobs()
+    total = min(4 * args.burst, (args.nodes - args.deletions) * 4)
+    started = time.monotonic()
+    bench.submit("burst", args.burst, 1, 4)
+    results: dict[str, Any] = {"burst_submit_s": round(time.monotonic() - started, 2)}
+    wait_for(lambda: bench.consistent(total), 900, f"{args.burst} jobs, {total} workers", interval=1)
+    results["converge_burst_s"] = round(time.monotonic() - started, 2)
+    print(f"{args.burst} jobs converged in {results['converge_burst_s']} s", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=500)
@@ -234,78 +298,18 @@ def main() -> None:
         "jobs": args.jobs,
         "burst": args.burst,
     }
-
     with running_control_plane() as plane:
-        api = config.new_client_from_config(config_file=str(plane.kubeconfig))
-        bench = Bench(api)
+        bench = Bench(config.new_client_from_config(config_file=str(plane.kubeconfig)))
         bench.install()
         started = time.monotonic()
         names = bench.add_nodes(args.nodes)
         results["node_setup_s"] = round(time.monotonic() - started, 1)
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
-        log = (REPO / "bench" / "results").joinpath("operator.log")
-        log.parent.mkdir(exist_ok=True)
-        operator = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ebbflow_operator",
-                "--namespace",
-                NAMESPACE,
-                "--node-selector",
-                f"{GROUP_LABEL}=yes",
-                "--metrics-port",
-                str(port),
-                "--metrics-address",
-                "127.0.0.1",
-                "--log-level",
-                "INFO",
-            ],
-            env=env,
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-        )
+        port = free_port()
+        operator = start_operator(plane.kubeconfig, port)
         try:
             wait_for(lambda: operator_ready(operator, port, args.nodes * 4), 120, "the operator's first pass")
-            # --- 1. 100 jobs, converge, then node deletions -------------------------------------------
-            total = min(24 * args.jobs, args.nodes * 4)
-            started = time.monotonic()
-            bench.submit("steady", args.jobs, 2, 24)
-            wait_for(lambda: bench.consistent(total), 600, f"{args.jobs} jobs, {total} workers", interval=0.5)
-            results["converge_jobs_s"] = round(time.monotonic() - started, 2)
-            print(f"{args.jobs} jobs converged in {results['converge_jobs_s']} s", flush=True)
-            latencies = []
-            for number, node in enumerate(names[: args.deletions], start=1):
-                time.sleep(1)  # pacing, not waiting: each deletion starts a second after the last settled
-                expected = min(24 * args.jobs, (args.nodes - number) * 4)
-                started = time.monotonic()
-                delete_node(bench.core, node)
-                wait_for(
-                    lambda node=node, expected=expected: bench.settled(expected, gone_node=node),
-                    120,
-                    f"resize after {node}",
-                    interval=0.1,
-                )
-                latencies.append(time.monotonic() - started)
-                wait_for(lambda expected=expected: bench.consistent(expected), 60, "pods agree with status")
-                print(f"deleted {node}: resize applied in {latencies[-1]:.2f} s", flush=True)
-            results["deletion_latency_p50_s"] = round(statistics.median(latencies), 3)
-            results["deletion_latency_p95_s"] = round(percentile(latencies, 0.95), 3)
-            results["deletion_latency_max_s"] = round(max(latencies), 3)
-            results["operator_decision_latency"] = histogram_quantiles(scrape(port))
-
-            # --- 2. 500 jobs at once ------------------------------------------------------------------
-            bench.delete_jobs()
-            total = min(4 * args.burst, (args.nodes - args.deletions) * 4)
-            started = time.monotonic()
-            bench.submit("burst", args.burst, 1, 4)
-            results["burst_submit_s"] = round(time.monotonic() - started, 2)
-            wait_for(lambda: bench.consistent(total), 900, f"{args.burst} jobs, {total} workers", interval=1)
-            results["converge_burst_s"] = round(time.monotonic() - started, 2)
-            print(f"{args.burst} jobs converged in {results['converge_burst_s']} s", flush=True)
+            results.update(steady_state(bench, args, names, port))
+            results.update(burst(bench, args))
             results["operator_peak_rss_mb"] = round(peak_rss_mb(operator.pid), 1)
         finally:
             operator.terminate()

@@ -99,6 +99,16 @@ def running_control_plane(
         plane.stop()
 
 
+@dataclass(frozen=True)
+class _Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+
 def start_control_plane(
     workdir: Path | None = None, tools_bin: Path = DEFAULT_TOOLS_BIN, timeout: float = 60.0
 ) -> ControlPlane:
@@ -112,118 +122,123 @@ def start_control_plane(
     root = Path(tempfile.mkdtemp(prefix="ebbflow-cp-")) if workdir is None else workdir
     root.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(16)
-    ports = _free_ports(6)
-    etcd_client, etcd_peer, apiserver_port, kcm_port, scheduler_port, kwok_port = ports
-    server = f"https://127.0.0.1:{apiserver_port}"
+    ports = _Ports(*_free_ports(6))
+    server = f"https://127.0.0.1:{ports.apiserver}"
     pki = _write_pki(root / "pki")
     kubeconfig = root / "kubeconfig"
     _write_kubeconfig(kubeconfig, server, pki.ca_cert, token)
     (root / "tokens.csv").write_text(f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
-
     plane = ControlPlane(root, kubeconfig, server, token, remove_workdir=remove_workdir)
-    deadline = time.monotonic() + timeout
     try:
-        start = _starter(plane, tools_bin, root / "logs")
-        start(
-            "etcd",
-            [
-                f"--data-dir={root / 'etcd'}",
-                f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
-                f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
-                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
-                f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
-                "--unsafe-no-fsync",
-                "--log-level=warn",
-            ],
-        )
-        _await(plane, deadline, "etcd healthy", lambda: _http_ok(f"http://127.0.0.1:{etcd_client}/health"))
-        start(
-            "kube-apiserver",
-            [
-                f"--etcd-servers=http://127.0.0.1:{etcd_client}",
-                f"--secure-port={apiserver_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--tls-cert-file={pki.server_cert}",
-                f"--tls-private-key-file={pki.server_key}",
-                f"--client-ca-file={pki.ca_cert}",
-                f"--token-auth-file={root / 'tokens.csv'}",
-                "--authorization-mode=RBAC",
-                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={pki.sa_key}",
-                f"--service-account-signing-key-file={pki.sa_key}",
-                "--allow-privileged=true",
-                f"--cert-dir={root / 'pki'}",
-                "--v=1",
-            ],
-        )
-        _await(plane, deadline, "kube-apiserver ready", lambda: _api_ok(server, token, pki.ca_cert))
-        start(
-            "kube-controller-manager",
-            [
-                f"--kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--leader-elect=false",
-                f"--secure-port={kcm_port}",
-                "--bind-address=127.0.0.1",
-                f"--root-ca-file={pki.ca_cert}",
-                f"--service-account-private-key-file={pki.sa_key}",
-                "--use-service-account-credentials=false",
-                "--node-monitor-period=1s",  # notice new Ready nodes (and lift their not-ready taint) quickly
-                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                "--v=1",
-            ],
-        )
-        start(
-            "kube-scheduler",
-            [
-                f"--kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--leader-elect=false",
-                f"--secure-port={scheduler_port}",
-                "--bind-address=127.0.0.1",
-                "--v=1",
-            ],
-        )
-        start(
-            "kwok",
-            [
-                f"--kubeconfig={kubeconfig}",
-                "--manage-all-nodes=false",
-                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                "--manage-nodes-with-label-selector=",
-                f"--server-address=127.0.0.1:{kwok_port}",
-                "--node-lease-duration-seconds=40",
-                "--cidr=10.244.0.0/16",
-                "--node-ip=10.0.0.1",
-                f"--config={STAGES_DIR / 'nodes.yaml'}",
-                f"--config={STAGES_DIR / 'pods.yaml'}",
-            ],
-        )
-        for name, port in (("kube-controller-manager", kcm_port), ("kube-scheduler", scheduler_port)):
-            _await(
-                plane,
-                deadline,
-                f"{name} healthy",
-                functools.partial(_http_ok, f"https://127.0.0.1:{port}/healthz"),
-            )
-        _await(plane, deadline, "kwok healthy", lambda: _http_ok(f"http://127.0.0.1:{kwok_port}/healthz"))
-        # The default ServiceAccount proves the controller-manager's controllers are running;
-        # pods cannot be created in a namespace before it exists.
-        _await(
-            plane,
-            deadline,
-            "default ServiceAccount",
-            lambda: _api_ok(server, token, pki.ca_cert, "/api/v1/namespaces/default/serviceaccounts/default"),
-        )
+        _start_components(plane, tools_bin, ports, pki, time.monotonic() + timeout)
     except BaseException:
         plane.stop()
         raise
     return plane
+
+
+def _start_components(
+    plane: ControlPlane, tools_bin: Path, ports: _Ports, pki: _Pki, deadline: float
+) -> None:
+    """etcd, then the API server, then the controllers and KWOK; each awaited before what needs it."""
+    root, server, token = plane.workdir, plane.server, plane.token
+    start = _starter(plane, tools_bin, root / "logs")
+    start("etcd", _etcd_args(root, ports))
+    _await(plane, deadline, "etcd healthy", lambda: _http_ok(f"http://127.0.0.1:{ports.etcd_client}/health"))
+    start("kube-apiserver", _apiserver_args(root, ports, pki))
+    _await(plane, deadline, "kube-apiserver ready", lambda: _api_ok(server, token, pki.ca_cert))
+    start("kube-controller-manager", _controller_manager_args(plane.kubeconfig, ports, pki))
+    start("kube-scheduler", _scheduler_args(plane.kubeconfig, ports))
+    start("kwok", _kwok_args(plane.kubeconfig, ports))
+    for name, port in (
+        ("kube-controller-manager", ports.controller_manager),
+        ("kube-scheduler", ports.scheduler),
+    ):
+        url = f"https://127.0.0.1:{port}/healthz"
+        _await(plane, deadline, f"{name} healthy", functools.partial(_http_ok, url))
+    _await(plane, deadline, "kwok healthy", lambda: _http_ok(f"http://127.0.0.1:{ports.kwok}/healthz"))
+    # The default ServiceAccount proves the controller-manager's controllers are running;
+    # pods cannot be created in a namespace before it exists.
+    account = "/api/v1/namespaces/default/serviceaccounts/default"
+    _await(plane, deadline, "default ServiceAccount", lambda: _api_ok(server, token, pki.ca_cert, account))
+
+
+def _etcd_args(root: Path, ports: _Ports) -> list[str]:
+    client, peer = f"http://127.0.0.1:{ports.etcd_client}", f"http://127.0.0.1:{ports.etcd_peer}"
+    return [
+        f"--data-dir={root / 'etcd'}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=default={peer}",
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+    ]
+
+
+def _apiserver_args(root: Path, ports: _Ports, pki: _Pki) -> list[str]:
+    return [
+        f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
+        f"--secure-port={ports.apiserver}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--tls-cert-file={pki.server_cert}",
+        f"--tls-private-key-file={pki.server_key}",
+        f"--client-ca-file={pki.ca_cert}",
+        f"--token-auth-file={root / 'tokens.csv'}",
+        "--authorization-mode=RBAC",
+        f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki.sa_key}",
+        f"--service-account-signing-key-file={pki.sa_key}",
+        "--allow-privileged=true",
+        f"--cert-dir={root / 'pki'}",
+        "--v=1",
+    ]
+
+
+def _client_args(kubeconfig: Path, port: int) -> list[str]:
+    """What the controller-manager and the scheduler share: credentials, no leader election."""
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--leader-elect=false",
+        f"--secure-port={port}",
+        "--bind-address=127.0.0.1",
+        "--v=1",
+    ]
+
+
+def _controller_manager_args(kubeconfig: Path, ports: _Ports, pki: _Pki) -> list[str]:
+    return [
+        *_client_args(kubeconfig, ports.controller_manager),
+        f"--root-ca-file={pki.ca_cert}",
+        f"--service-account-private-key-file={pki.sa_key}",
+        "--use-service-account-credentials=false",
+        "--node-monitor-period=1s",  # notice new Ready nodes (and lift their not-ready taint) quickly
+        f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+    ]
+
+
+def _scheduler_args(kubeconfig: Path, ports: _Ports) -> list[str]:
+    return _client_args(kubeconfig, ports.scheduler)
+
+
+def _kwok_args(kubeconfig: Path, ports: _Ports) -> list[str]:
+    return [
+        f"--kubeconfig={kubeconfig}",
+        "--manage-all-nodes=false",
+        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+        "--manage-nodes-with-label-selector=",
+        f"--server-address=127.0.0.1:{ports.kwok}",
+        "--node-lease-duration-seconds=40",
+        "--cidr=10.244.0.0/16",
+        "--node-ip=10.0.0.1",
+        f"--config={STAGES_DIR / 'nodes.yaml'}",
+        f"--config={STAGES_DIR / 'pods.yaml'}",
+    ]
 
 
 # --- processes -----------------------------------------------------------------------------------
