@@ -115,15 +115,19 @@ class Bench:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(create, range(count)))
 
-    def snapshot(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Jobs and worker pods, listed."""
-        jobs = raw_list(
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job in the bench's namespace, listed."""
+        return raw_list(
             self.custom.list_namespaced_custom_object,
             contract.API_GROUP,
             contract.API_VERSION,
             NAMESPACE,
             contract.PLURAL,
         )
+
+    def snapshot(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Jobs and worker pods, listed."""
+        jobs = self.jobs()
         pods = raw_list(
             self.core.list_namespaced_pod,
             NAMESPACE,
@@ -140,13 +144,7 @@ class Bench:
             )
             if on_node:
                 return False
-        jobs = raw_list(
-            self.custom.list_namespaced_custom_object,
-            contract.API_GROUP,
-            contract.API_VERSION,
-            NAMESPACE,
-            contract.PLURAL,
-        )
+        jobs = self.jobs()
         total = 0
         for job in jobs:
             status = job.get("status") or {}

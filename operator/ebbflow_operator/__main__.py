@@ -39,6 +39,37 @@ def _selector(text: str) -> dict[str, str]:
     return selector
 
 
+_PLANNER, _OPERATOR = PlannerConfig(), OperatorConfig()
+# Timers in seconds: flag, environment variable suffix, default (from the config classes), help.
+_TIMERS = (
+    (
+        "--pending-timeout",
+        "PENDING_TIMEOUT",
+        _PLANNER.pending_timeout,
+        "seconds a worker may stay unscheduled before it is withdrawn",
+    ),
+    (
+        "--pending-hold",
+        "PENDING_HOLD",
+        _PLANNER.hold_seconds,
+        "after a withdrawal the job does not grow for this many seconds",
+    ),
+    (
+        "--resync-interval",
+        "RESYNC_INTERVAL",
+        _OPERATOR.resync_interval,
+        "seconds between passes when no watch event arrives",
+    ),
+    (
+        "--relist-interval",
+        "RELIST_INTERVAL",
+        _OPERATOR.relist_interval,
+        "seconds between full lists of nodes, pods, jobs and Services; watches keep the operator's "
+        "view current in between",
+    ),
+)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="ebbflow-operator", description="Resizes ElasticTrainingJob workers as GPU capacity changes."
@@ -56,31 +87,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=_selector(_env("NODE_SELECTOR", "")),
         help="allocate only nodes with these labels, key=value[,key=value] (env ..._NODE_SELECTOR)",
     )
-    parser.add_argument(
-        "--pending-timeout",
-        type=float,
-        default=float(_env("PENDING_TIMEOUT", "120")),
-        help="seconds a worker may stay unscheduled before it is withdrawn (default 120)",
-    )
-    parser.add_argument(
-        "--pending-hold",
-        type=float,
-        default=float(_env("PENDING_HOLD", "300")),
-        help="after a withdrawal the job does not grow for this many seconds (default 300)",
-    )
-    parser.add_argument(
-        "--resync-interval",
-        type=float,
-        default=float(_env("RESYNC_INTERVAL", "30")),
-        help="seconds between passes when no watch event arrives (default 30)",
-    )
-    parser.add_argument(
-        "--relist-interval",
-        type=float,
-        default=float(_env("RELIST_INTERVAL", "60")),
-        help="seconds between full lists of nodes, pods, jobs and Services; watches keep the "
-        "operator's view current in between (default 60)",
-    )
+    for flag, variable, default, text in _TIMERS:
+        parser.add_argument(
+            flag,
+            type=float,
+            default=float(_env(variable, str(default))),
+            help=f"{text} (default {default:g}; env {ENV_PREFIX}{variable})",
+        )
     parser.add_argument(
         "--metrics-port",
         type=int,

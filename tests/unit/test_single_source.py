@@ -46,6 +46,8 @@ from ebbflow_api.models import (
 from ebbflow_api.rules import Rule, violations
 from ebbflow_trainer.config import ConfigError, from_environment
 
+from tests.trainer_config import VALID_ENVIRONMENT
+
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_ROOTS = ("api", "operator", "trainer-image", "bench")
 MODELS = "api/ebbflow_api/models.py"
@@ -272,14 +274,7 @@ def test_default_positions_leave_other_numbers_alone(code: str) -> None:
 # --- the trainer and the CRD carry the same messages -------------------------------------------
 
 SHAPE_RULES = {rule.field_path: rule for rule in TrainingShape.cel_rules}
-TRAINER_ENV = {
-    contract.ENV_RDZV_ENDPOINT: "rdzv:29400",
-    contract.ENV_RDZV_ID: "job-1",
-    contract.ENV_MIN_REPLICAS: "1",
-    contract.ENV_MAX_REPLICAS: "4",
-    contract.ENV_VIRTUAL_NODES: "8",
-    contract.ENV_GLOBAL_BATCH_SIZE: "64",
-}
+TRAINER_ENV = VALID_ENVIRONMENT
 
 
 def crd_messages() -> list[str]:

@@ -6,14 +6,9 @@ import pytest
 from ebbflow_api import contract
 from ebbflow_trainer.config import ConfigError, TrainerConfig, from_environment
 
-VALID = {
-    contract.ENV_RDZV_ENDPOINT: "rdzv:29400",
-    contract.ENV_RDZV_ID: "job-1",
-    contract.ENV_MIN_REPLICAS: "1",
-    contract.ENV_MAX_REPLICAS: "4",
-    contract.ENV_VIRTUAL_NODES: "8",
-    contract.ENV_GLOBAL_BATCH_SIZE: "64",
-}
+from tests.trainer_config import VALID_ENVIRONMENT
+
+VALID = VALID_ENVIRONMENT
 
 
 def _config(**overrides: str) -> TrainerConfig:

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 from ebbflow_trainer.api import load_spec
-from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.engine import VirtualNodeEngine
+
+from tests.trainer_config import trainer_config
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -17,15 +18,7 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 def test_example_trains_with_virtual_nodes(script: str) -> None:
     torch.manual_seed(0)
     spec = load_spec(str(EXAMPLES / script))
-    config = TrainerConfig(
-        spec=script,
-        rdzv_endpoint="rdzv:1",
-        rdzv_id="unit",
-        min_replicas=1,
-        max_replicas=1,
-        virtual_nodes=2,
-        global_batch_size=32,
-    )
+    config = trainer_config(spec=script, virtual_nodes=2, global_batch_size=32)
     engine = VirtualNodeEngine(spec, config)
     losses = []
     for step in range(8):
