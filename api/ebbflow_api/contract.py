@@ -49,6 +49,12 @@ ENV_METRICS_PORT: Final = "EBBFLOW_METRICS_PORT"
 # Seconds a worker has between SIGTERM and SIGKILL; the trainer finishes its step and hands its
 # state over within it. The operator sets the pod's terminationGracePeriodSeconds to the same value.
 ENV_LEAVE_GRACE_SECONDS: Final = "EBBFLOW_LEAVE_GRACE_SECONDS"
+# spec.maxNonFiniteSteps: consecutive steps with a non-finite loss or gradient (each one skipped)
+# after which the trainer stops with EXIT_NONFINITE_LOSS.
+ENV_MAX_NONFINITE_STEPS: Final = "EBBFLOW_MAX_NONFINITE_STEPS"
+# Where the trainer writes why it stopped (the container's terminationMessagePath); the kubelet puts
+# it in the pod's status.containerStatuses[].state.terminated.message, which the operator quotes.
+ENV_TERMINATION_MESSAGE_PATH: Final = "EBBFLOW_TERMINATION_MESSAGE_PATH"
 
 # spec.rendezvous: the rendezvous pod serves on ENV_RDZV_PORT; a worker waits
 # ENV_RDZV_JOIN_TIMEOUT_SECONDS for a rendezvous round.
@@ -72,6 +78,11 @@ METRICS_PORT: Final = 9400
 EXIT_SUCCESS: Final = 0
 # The trainer's configuration is invalid: retrying cannot help, so the operator fails the job.
 EXIT_INVALID_CONFIG: Final = 64
+# Training diverged: ENV_MAX_NONFINITE_STEPS consecutive steps had a non-finite loss or gradient.
+# Restarting would replay the same divergence, so the operator fails the job.
+EXIT_NONFINITE_LOSS: Final = 65
+# Exit codes that no restart can cure, and the reason of the Failed condition each one leads to.
+FATAL_EXIT_REASONS: Final = {EXIT_INVALID_CONFIG: "InvalidConfig", EXIT_NONFINITE_LOSS: "NonFiniteLoss"}
 # A worker killed by SIGKILL (128 + 9) or SIGTERM (128 + 15): preemption, not failure.
 EXIT_SIGKILL: Final = 137
 EXIT_SIGTERM: Final = 143

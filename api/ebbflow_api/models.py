@@ -30,6 +30,7 @@ MAX_GLOBAL_BATCH_SIZE = 1 << 24
 MAX_PRIORITY = 1_000_000
 MAX_RESTARTS = 1000
 MAX_LEAVE_GRACE_SECONDS = 3600
+MAX_NON_FINITE_STEPS = 10_000
 MAX_JOB_NAME_LENGTH = 40  # leaves room for "-worker-NNNN" in 63-character pod and Service names
 MAX_GPUS_PER_WORKER = 64
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -301,6 +302,13 @@ class ElasticTrainingJobSpec(TrainingShape):
         ge=1,
         le=MAX_LEAVE_GRACE_SECONDS,
         description="Seconds a worker gets after SIGTERM to hand its state over before it is killed.",
+    )
+    max_non_finite_steps: int = Field(
+        3,
+        ge=1,
+        le=MAX_NON_FINITE_STEPS,
+        description="Consecutive steps with a non-finite loss or gradient (each skipped) before the job "
+        "fails with reason NonFiniteLoss.",
     )
     clean_pod_policy: CleanPodPolicy = Field(
         CleanPodPolicy.RUNNING,

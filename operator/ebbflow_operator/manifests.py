@@ -14,6 +14,9 @@ from ebbflow_api import contract
 from .model import Job, Json
 
 WORKER_NAME = re.compile(r"^(?P<job>.+)-worker-(?P<index>\d+)$")
+# Kubernetes' terminationMessagePath when a container sets none: the trainer writes why it stopped
+# there, and the kubelet copies it into the container's state.terminated.message.
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 
 
 def worker_name(job: str, index: int) -> str:
@@ -58,8 +61,11 @@ def _labels(job: Job, role: str) -> dict[str, str]:
     return {contract.LABEL_JOB_NAME: job.name, contract.LABEL_ROLE: role}
 
 
-def _env(job: Job, world_generation: int) -> list[Json]:
+def _env(job: Job, world_generation: int, container: Json) -> list[Json]:
+    """The contract's variables for one container of a worker (the termination message path is
+    the container's own)."""
     spec = job.spec
+    message_path = container.get("terminationMessagePath") or DEFAULT_TERMINATION_MESSAGE_PATH
     values = {
         contract.ENV_JOB_NAME: job.name,
         contract.ENV_NAMESPACE: job.namespace,
@@ -77,6 +83,8 @@ def _env(job: Job, world_generation: int) -> list[Json]:
         contract.ENV_CHECKPOINT_INTERVAL_STEPS: spec.checkpoint.interval_steps,
         contract.ENV_METRICS_PORT: contract.METRICS_PORT,
         contract.ENV_LEAVE_GRACE_SECONDS: spec.leave_grace_seconds,
+        contract.ENV_MAX_NONFINITE_STEPS: spec.max_non_finite_steps,
+        contract.ENV_TERMINATION_MESSAGE_PATH: message_path,
     }
     env: list[Json] = [{"name": name, "value": str(value)} for name, value in values.items()]
     env.append({"name": contract.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
@@ -88,10 +96,11 @@ def worker_pod(job: Job, index: int, world_generation: int) -> Json:
     template = job.spec.template.to_json()
     metadata: Json = template.get("metadata") or {}
     spec: Json = template["spec"]
-    contract_names = {e["name"] for e in _env(job, world_generation)}
     for container in spec["containers"]:
+        env = _env(job, world_generation, container)
+        contract_names = {e["name"] for e in env}
         kept = [e for e in container.get("env") or [] if e.get("name") not in contract_names]
-        container["env"] = kept + _env(job, world_generation)
+        container["env"] = kept + env
     spec["restartPolicy"] = "Never"
     spec["terminationGracePeriodSeconds"] = job.spec.leave_grace_seconds
     spec["hostname"] = worker_name(job.name, index)

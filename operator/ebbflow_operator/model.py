@@ -104,6 +104,7 @@ class Pod:
     deleting: bool = False
     ready: bool = False
     exit_code: int | None = None  # of the first terminated container that failed (or 0)
+    termination_message: str = ""  # that failed container's state.terminated.message: why it stopped
     disruption: str | None = None  # DisruptionTarget condition reason, or status.reason
     progress: str | None = None  # ANNOTATION_PROGRESS
     world_generation: int = 0
@@ -193,16 +194,20 @@ def _pod_gpus(spec: Mapping[str, Any]) -> int:
     return total
 
 
-def _exit_code(status: Mapping[str, Any]) -> int | None:
-    codes = [
-        int(terminated["exitCode"])
+def _termination(status: Mapping[str, Any]) -> tuple[int | None, str]:
+    """The exit code and termination message of the first terminated container that failed; (0, "")
+    when every terminated one succeeded, (None, "") while none has terminated."""
+    terminated = [
+        state
         for container in status.get("containerStatuses") or []
-        if (terminated := (container.get("state") or {}).get("terminated"))
+        if (state := (container.get("state") or {}).get("terminated"))
     ]
-    if not codes:
-        return None
-    failed = [code for code in codes if code != 0]
-    return failed[0] if failed else 0
+    if not terminated:
+        return None, ""
+    failed = next((t for t in terminated if int(t["exitCode"]) != 0), None)
+    if failed is None:
+        return 0, ""
+    return int(failed["exitCode"]), str(failed.get("message") or "").strip()
 
 
 def _disruption(status: Mapping[str, Any]) -> str | None:
@@ -219,6 +224,7 @@ def parse_pod(raw: Mapping[str, Any]) -> Pod:
     annotations = metadata.get("annotations") or {}
     owner = next((o for o in metadata.get("ownerReferences") or [] if o.get("controller")), None)
     conditions = status.get("conditions") or []
+    exit_code, termination_message = _termination(status)
     return Pod(
         name=metadata["name"],
         namespace=metadata.get("namespace", ""),
@@ -232,7 +238,8 @@ def parse_pod(raw: Mapping[str, Any]) -> Pod:
         created=parse_time(metadata.get("creationTimestamp")) or 0.0,
         deleting=bool(metadata.get("deletionTimestamp")),
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
-        exit_code=_exit_code(status),
+        exit_code=exit_code,
+        termination_message=termination_message,
         disruption=_disruption(status),
         progress=annotations.get(contract.ANNOTATION_PROGRESS),
         world_generation=int(annotations.get(contract.ANNOTATION_WORLD_GENERATION, 0) or 0),
@@ -264,12 +271,17 @@ def parse_job(raw: Mapping[str, Any]) -> Job:
     return job_from_api(ElasticTrainingJob.model_validate(raw))
 
 
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def parse_progress(raw: str | None) -> Json | None:
     """A trainer's progress annotation, keeping only the contract's fields; None when unreadable."""
     if not raw:
         return None
     try:
-        report = json.loads(raw)
+        # No NaN or infinity: the report is copied into the job's status, and JSON has neither.
+        report = json.loads(raw, parse_constant=_reject_constant)
     except ValueError:
         return None
     if not isinstance(report, dict):

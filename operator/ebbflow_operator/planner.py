@@ -10,7 +10,8 @@ crash in between leaves extra pods (deleted next pass), never a miscounted preem
 frozen values the steps before it returned:
 
     classify                 workers -> active, lost (and why), failed, succeeded, being taken
-    end_of_job               exits -> Failed (InvalidConfig, TooManyFailures) or Succeeded; clean-up
+    end_of_job               exits -> Failed (a fatal exit code's reason, TooManyFailures) or
+                             Succeeded; clean-up
     pending_timeout          workers unscheduled for too long -> withdrawn, and a hold on the size
     target_size              allocator's size, hold, spec.replicas.min -> how many workers to have
     resize                   the scale-down's `victims`, `new_workers`, the world generation
@@ -23,7 +24,8 @@ The job's lifecycle, status.phase (`ebbflow_api.models.Phase`), decided anew eve
     Scaling    at least min ready, but workers are still being added, removed or getting ready
     Running    every desired worker ready and nothing to create or delete
     Succeeded  a worker finished training and none is still active        (final)
-    Failed     a worker exited EXIT_INVALID_CONFIG, or real failures exceeded spec.maxRestarts (final)
+    Failed     a worker exited with a code in contract.FATAL_EXIT_REASONS (InvalidConfig,
+               NonFiniteLoss: no restart can cure it), or real failures exceeded spec.maxRestarts (final)
 
     Pending <-> Scaling <-> Running;  any of them -> Succeeded | Failed;  a final phase never changes.
 
@@ -323,28 +325,38 @@ def end_of_job(job: Job, workers: Sequence[Pod], seen: Workers) -> Ending:
 
 
 def _failed(job: Job, seen: Workers) -> Ending:
-    """Failed workers are replaced until one reports an invalid configuration or the failures exceed
-    spec.maxRestarts; then the job fails (the failed pods stay for their logs)."""
+    """Failed workers are replaced until one exits with a code no restart can cure (it would fail
+    the same way again) or the failures exceed spec.maxRestarts; then the job fails (the failed pods
+    stay for their logs). Every counted failure, a fatal one too, adds to status.restarts."""
     spec = job.spec
     restarts = (job.status.restarts or 0) + len(seen.counted_failures)
     if not seen.failures:
         return Ending(restarts=restarts)
     details = ", ".join(f"{p.name} exited {p.exit_code}" for p in seen.failures)
     noted = (Event("Warning", "WorkerFailed", details),) if seen.counted_failures else ()
-    invalid = [p for p in seen.failures if p.exit_code == contract.EXIT_INVALID_CONFIG]
-    if not invalid and restarts <= spec.max_restarts:
+    fatal = fatal_exit(seen.failures)
+    if fatal is None and restarts <= spec.max_restarts:
         replaced = tuple(Deletion(p.name, p.uid, 0, "failed") for p in seen.failures)
         return Ending(restarts=restarts, delete=replaced, report=Report(noted))
-    if invalid:
-        why = "InvalidConfig"
-        message = f"{invalid[0].name} exited {contract.EXIT_INVALID_CONFIG} (invalid trainer configuration)"
-    else:
-        why = "TooManyFailures"
-        message = f"{restarts} worker failures exceed spec.maxRestarts={spec.max_restarts}: {details}"
+    why, message = fatal or (
+        "TooManyFailures",
+        f"{restarts} worker failures exceed spec.maxRestarts={spec.max_restarts}: {details}",
+    )
     report = Report(
         (*noted, Event("Warning", "Failed", message)), (ConditionUpdate(FAILED, True, why, message),)
     )
     return Ending(Phase.FAILED, restarts, report=report)
+
+
+def fatal_exit(failures: Sequence[Pod]) -> tuple[str, str] | None:
+    """The Failed reason and message of the first worker that exited with a code no restart can cure
+    (`contract.FATAL_EXIT_REASONS`), quoting the trainer's termination message; None if none did."""
+    for pod in failures:
+        reason = None if pod.exit_code is None else contract.FATAL_EXIT_REASONS.get(pod.exit_code)
+        if reason is not None:
+            message = f"{pod.name} exited {pod.exit_code} ({reason})"
+            return reason, f"{message}: {pod.termination_message}" if pod.termination_message else message
+    return None
 
 
 def _succeeded(seen: Workers, ending: Ending) -> Ending:

@@ -183,11 +183,19 @@ def test_added_node_takes_a_pending_pod(kube: Kube, namespace: str, gpu_nodes: G
 
 
 def test_a_pod_can_be_made_to_exit_with_a_given_code(kube: Kube, namespace: str, gpu_nodes: GpuNodes) -> None:
+    """...and a termination message, as the kubelet reports what a trainer wrote (none unless given)."""
     gpu_nodes.add(1)
-    for name, code, expected in (("crashes", 137, "Failed"), ("finishes", 0, "Succeeded")):
+    said = 'loss or gradient non-finite for 3 consecutive steps (steps 55-57): "quoted", #, {{ }}'
+    cases = (
+        ("crashes", 137, "", "Failed"),
+        ("diverges", 65, said, "Failed"),
+        ("finishes", 0, "", "Succeeded"),
+    )
+    for name, code, message, expected in cases:
         kube.core.create_namespaced_pod(namespace, gpu_pod(name, 1, gpu_nodes.selector))
         wait_for(lambda name=name: phase(kube, namespace, name) == "Running", 30, f"{name} Running")
-        fail_pod(kube.core, namespace, name, code)
+        fail_pod(kube.core, namespace, name, code, message)
         wait_for(lambda name=name, expected=expected: phase(kube, namespace, name) == expected, 30, expected)
         [status] = kube.core.read_namespaced_pod(name, namespace).status.container_statuses
         assert status.state.terminated.exit_code == code
+        assert status.state.terminated.message == (message or None), name

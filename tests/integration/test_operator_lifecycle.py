@@ -242,6 +242,37 @@ def test_failures_restart_workers_until_max_restarts_then_the_job_fails(
     assert kube.core.read_namespaced_pod(victim, namespace).status.phase == "Failed", "kept for its logs"
 
 
+def test_a_nonfinite_loss_fails_the_job_at_once_with_restarts_left(
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
+) -> None:
+    """Restarting a diverged job would replay the divergence: it fails with reason NonFiniteLoss and
+    the trainer's own words, replaces nobody, and keeps the diverged pod for its logs."""
+    gpu_nodes.add(1)
+    create_job(kube, namespace, job_manifest("diverging", 1, 2, gpu_nodes.selector, maxRestarts=5))
+    wait_for(lambda: settled(kube, namespace, "diverging", 2), SETTLE, "2 workers")
+    said = (
+        "loss or gradient non-finite for 3 consecutive steps (steps 55-57); the last finite state is step 54"
+    )
+
+    fail_pod(kube.core, namespace, "diverging-worker-1", contract.EXIT_NONFINITE_LOSS, said)
+    wait_for(lambda: status(kube, namespace, "diverging").get("phase") == "Failed", SETTLE, "job Failed")
+    failed = condition(kube, namespace, "diverging", "Failed")
+    assert failed and failed["reason"] == "NonFiniteLoss", failed
+    code = contract.EXIT_NONFINITE_LOSS
+    assert failed["message"] == f"diverging-worker-1 exited {code} (NonFiniteLoss): {said}"
+    assert status(kube, namespace, "diverging")["restarts"] == 1, "counted once as a real failure, no more"
+    wait_for(lambda: not workers(kube, namespace, "diverging"), SETTLE, "running workers cleaned up")
+    names = {p.metadata.name for p in workers(kube, namespace, "diverging", phase=None)}
+    assert names == {"diverging-worker-1"}, "no replacement; only the diverged pod is left"
+    diverged = kube.core.read_namespaced_pod("diverging-worker-1", namespace)
+    assert diverged.status.phase == "Failed", "kept for its logs"
+    wait_for(
+        lambda: any(failed["message"] == e.message for e in events(kube, namespace, "diverging", "Failed")),
+        SETTLE,
+        "a Failed event with the same message",
+    )
+
+
 def test_job_succeeds_when_its_workers_finish(
     kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
 ) -> None:

@@ -96,7 +96,11 @@ def test_sigkill_of_any_worker_resumes_from_memory_at_world_size_two(
         first_after = min(g["generation"] for g in after)
         resumed = [g for g in after if g["generation"] == first_after]
         assert {g["world"] for g in resumed} == {2}
-        assert {g["source"] for g in resumed} == {"memory"}, "survivors must resume from their own state"
+        # The kill can land inside a collective: one survivor may have finished the step the other never
+        # saw complete. The freshest survivor continues from its own memory and the other receives that
+        # state from it; nobody falls back to the durable checkpoint or starts fresh.
+        sources = {g["source"] for g in resumed}
+        assert "memory" in sources and sources <= {"memory", "peer"}, sources
         # At most the interrupted step is redone: the new world starts where the old one stopped.
         completed_before = max(_steps_in(survivors, before))
         assert {g["step"] for g in resumed} == {completed_before}
@@ -204,12 +208,14 @@ def test_invalid_configuration_fails_fast_naming_the_setting(
     tmp_path: Path, overrides: dict[str, str], setting: str
 ) -> None:
     job = Job(root=tmp_path, max_replicas=4, port=29400)
+    message = tmp_path / "termination-log"
     result = subprocess.run(
         [sys.executable, "-m", "ebbflow_trainer", "run", DIGITS, "--state-dir", str(tmp_path)],
-        env=job.environment(**overrides),
+        env=job.environment(**overrides, **{contract.ENV_TERMINATION_MESSAGE_PATH: str(message)}),
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == contract.EXIT_INVALID_CONFIG, result.stderr
     assert setting in result.stderr
+    assert setting in message.read_text(), "the pod's status must say which setting is wrong"

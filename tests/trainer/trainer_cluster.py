@@ -101,6 +101,9 @@ class Job:
     mode: str = "deterministic"
     batching: str = "static"
     extra_args: list[str] = field(default_factory=list)
+    script: str = DIGITS
+    # The command before `run`: `ebbflow-train` by default; a test may wrap it to look inside.
+    launcher: tuple[str, ...] = (sys.executable, "-m", "ebbflow_trainer")
     nodes: list[Node] = field(default_factory=list)
     rdzv: subprocess.Popen[bytes] | None = None
     port: int = 0
@@ -152,7 +155,7 @@ class Job:
         state_dir = self.root / name
         state_dir.mkdir(parents=True)
         journal, log_path = state_dir / "journal.jsonl", self.root / f"{name}.log"
-        command = [sys.executable, "-m", "ebbflow_trainer", "run", DIGITS, "--steps", str(self.steps)]
+        command = [*self.launcher, "run", self.script, "--steps", str(self.steps)]
         command += ["--mode", self.mode, "--state-dir", str(state_dir), "--journal", str(journal)]
         # A longer last call than the default lets all nodes of a busy machine form the first world together.
         command += ["--last-call-timeout", "3", *self.extra_args, *args]

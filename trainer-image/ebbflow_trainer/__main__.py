@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args.host, args.port, args.port_file)
 
     from ebbflow_trainer.config import ConfigError, from_environment
+    from ebbflow_trainer.termination import write_termination_message
 
     flags = vars(args).copy()
     del flags["command"]
@@ -84,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         config = from_environment(os.environ, **flags)
         _check_spec(config)
     except ConfigError as error:
-        print(f"ebbflow-train: invalid configuration: {error}", file=sys.stderr)
+        why = f"invalid configuration: {error}"
+        print(f"ebbflow-train: {why}", file=sys.stderr)
+        write_termination_message(os.environ.get(contract.ENV_TERMINATION_MESSAGE_PATH, ""), why)
         return contract.EXIT_INVALID_CONFIG
 
     from ebbflow_trainer.launcher import run as launch

@@ -18,11 +18,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ebbflow_api import contract
-from ebbflow_api.models import Batching, LrScaling, RendezvousSpec, TrainingShape, rule_violations
+from ebbflow_api.models import (
+    MAX_NON_FINITE_STEPS,
+    Batching,
+    ElasticTrainingJobSpec,
+    LrScaling,
+    RendezvousSpec,
+    TrainingShape,
+    rule_violations,
+)
 from pydantic import ValidationError
 
 MODES = ("deterministic", "fast")
 DEFAULT_JOIN_TIMEOUT = RendezvousSpec().join_timeout_seconds
+DEFAULT_MAX_NONFINITE_STEPS: int = ElasticTrainingJobSpec.model_fields["max_non_finite_steps"].default
 # The spec fields the trainer receives, by the variable the operator passes each in.
 SHAPE_VARIABLES = {
     "replicas.min": contract.ENV_MIN_REPLICAS,
@@ -59,6 +68,8 @@ class TrainerConfig:
     checkpoint_interval_steps: int = 0
     metrics_port: int = contract.METRICS_PORT
     leave_grace_seconds: int = contract.DEFAULT_LEAVE_GRACE_SECONDS
+    max_nonfinite_steps: int = DEFAULT_MAX_NONFINITE_STEPS
+    termination_message_path: str = ""
     pod_name: str = ""
     namespace: str = ""
     state_dir: str = ""
@@ -140,6 +151,8 @@ def from_environment(env: Mapping[str, str], **flags: object) -> TrainerConfig:
         leave_grace_seconds=_env_int(
             env, contract.ENV_LEAVE_GRACE_SECONDS, contract.DEFAULT_LEAVE_GRACE_SECONDS
         ),
+        max_nonfinite_steps=_env_int(env, contract.ENV_MAX_NONFINITE_STEPS, DEFAULT_MAX_NONFINITE_STEPS),
+        termination_message_path=env.get(contract.ENV_TERMINATION_MESSAGE_PATH, ""),
         pod_name=env.get(contract.ENV_POD_NAME, ""),
         namespace=env.get(contract.ENV_NAMESPACE, ""),
         state_dir=state_dir,
@@ -184,6 +197,11 @@ def validate(config: TrainerConfig) -> None:
         value = getattr(config, name)
         if not (value > 0 and math.isfinite(value)):
             raise ConfigError(f"--{name.replace('_', '-')}={value} must be a positive number of seconds.")
+    if not 1 <= config.max_nonfinite_steps <= MAX_NON_FINITE_STEPS:
+        raise ConfigError(
+            f"{contract.ENV_MAX_NONFINITE_STEPS}={config.max_nonfinite_steps} (spec.maxNonFiniteSteps) must "
+            f"lie between 1 and {MAX_NON_FINITE_STEPS}: the consecutive skipped steps that stop a job."
+        )
     if config.slowdown < 1:
         raise ConfigError(f"--slowdown={config.slowdown} must be at least 1.")
 

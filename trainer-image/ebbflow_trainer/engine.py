@@ -17,10 +17,17 @@ buffers (``num_batches_tracked``) advance identically on every virtual node and 
 
 The message also carries, per worker, its compute time (for dynamic batching) and one "leave" flag
 (any worker asked to stop at this step boundary), so neither costs an extra collective.
+
+A step whose reduced loss or gradient is not finite (NaN or infinity in any virtual node spreads
+through the sum) is skipped: parameters, buffers, optimizer state and the learning-rate
+estimates stay those of the last finite step. Every worker reads the same reduced message, so every
+worker skips the same steps. ``nonfinite_streak`` counts the skipped steps in a row; it is part of the
+handed-over state, so a world that re-forms in the middle of a streak keeps counting.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -37,7 +44,8 @@ class StepResult:
     loss: float
     compute_seconds: list[float]
     leave_requested: bool
-    lr_factor: float
+    lr_factor: float | None  # None when the step was skipped
+    skipped: bool = False  # the step's loss or gradient was not finite: nothing was updated
 
 
 class VirtualNodeEngine:
@@ -61,6 +69,7 @@ class VirtualNodeEngine:
         self.base_lrs = [float(group["lr"]) for group in spec.optimizer.param_groups]
         self.base_batch_size = config.base_batch_size or config.global_batch_size
         self.noise = GradientNoiseScale()
+        self.nonfinite_streak = 0
         self._advanced_buffers: list[torch.Tensor] = []
 
     # --- local work ------------------------------------------------------------------------------
@@ -147,6 +156,29 @@ class VirtualNodeEngine:
     # --- the update ------------------------------------------------------------------------------
     def apply(self, message: torch.Tensor, world_size: int) -> StepResult:
         """Turn the all-reduced message into the step's update; identical on every worker."""
+        mean, tail = self._unpack(message)
+        p, q = self.num_params, self.num_float_buffer_values
+        gradient, buffer_values = mean[:p], mean[p : p + q]
+        loss, small_sq_norm = float(mean[p + q]), float(mean[p + q + 1])
+        # Buffers may hold infinities by design (attention masks), so only the loss and gradient count.
+        skipped = not (math.isfinite(loss) and bool(torch.isfinite(gradient).all()))
+        self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
+        factor = None
+        if not skipped:
+            self._set_gradient_and_buffers(gradient, buffer_values)
+            factor = self._scale_learning_rate(small_sq_norm, float(gradient.dot(gradient)))
+            self.spec.optimizer.step()
+            self.spec.model.zero_grad(set_to_none=True)
+        return StepResult(
+            loss=loss,
+            compute_seconds=[float(t) for t in tail[:world_size]],
+            leave_requested=bool(tail[world_size] > 0),
+            lr_factor=factor,
+            skipped=skipped,
+        )
+
+    def _unpack(self, message: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mean row over the V virtual nodes, and the per-worker tail of the message."""
         v = self.config.virtual_nodes
         row_count = v * self.row_size if self.config.mode == "deterministic" else self.row_size
         if self.config.mode == "deterministic":
@@ -157,12 +189,9 @@ class VirtualNodeEngine:
                 total += table[k]
         else:
             total = message[:row_count].clone()
-        mean = total / v
-        p, q = self.num_params, self.num_float_buffer_values
-        gradient, buffer_values = mean[:p], mean[p : p + q]
-        loss, small_sq_norm = float(mean[p + q]), float(mean[p + q + 1])
-        tail = message[row_count:]
+        return total / v, message[row_count:]
 
+    def _set_gradient_and_buffers(self, gradient: torch.Tensor, buffer_values: torch.Tensor) -> None:
         offset = 0
         for param in self.params:
             param.grad = gradient[offset : offset + param.numel()].view_as(param).clone()
@@ -176,16 +205,6 @@ class VirtualNodeEngine:
                 values = buffer_values[offset : offset + buffer.numel()].view_as(buffer)
                 buffer.copy_(values.to(buffer.dtype))
                 offset += buffer.numel()
-
-        factor = self._scale_learning_rate(small_sq_norm, float(gradient.dot(gradient)))
-        self.spec.optimizer.step()
-        self.spec.model.zero_grad(set_to_none=True)
-        return StepResult(
-            loss=loss,
-            compute_seconds=[float(t) for t in tail[:world_size]],
-            leave_requested=bool(tail[world_size] > 0),
-            lr_factor=factor,
-        )
 
     def _scale_learning_rate(self, small_sq_norm: float, big_sq_norm: float) -> float:
         config = self.config

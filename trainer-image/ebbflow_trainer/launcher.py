@@ -5,7 +5,8 @@ world changes (a node died, left, or is waiting to join) and never closes the re
 leaves must not end the job for the others (pytorch/pytorch#67742).
 
 SIGTERM (pod deletion) reaches the agent, which forwards it to the worker; the worker finishes its
-step, hands its state over and exits 0, and the agent exits 0 once the worker has left.
+step, hands its state over and exits 0, and the agent exits 0 once the worker has left. A worker exit
+that no restart can cure (``contract.FATAL_EXIT_REASONS``) becomes the launcher's exit code.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ def run(config: TrainerConfig) -> int:
     import multiprocessing
 
     from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 
+    from ebbflow_trainer.agent import EbbflowAgent, FatalWorkerExit
     from ebbflow_trainer.preload import ENV_PRELOAD_SCRIPT
     from ebbflow_trainer.rendezvous import GenerationRendezvousHandler
     from ebbflow_trainer.state import LEFT_MARKER
@@ -68,7 +69,7 @@ def run(config: TrainerConfig) -> int:
         left_marker.unlink(missing_ok=True)
 
     handler.on_generation = start_generation
-    agent = LocalElasticAgent(
+    agent = EbbflowAgent(
         spec,
         logs_specs=DefaultLogsSpecs(),
         start_method="forkserver",
@@ -83,4 +84,10 @@ def run(config: TrainerConfig) -> int:
         if signalled.sigval == signal.SIGTERM and left_marker.exists():
             return contract.EXIT_SUCCESS
         return 128 + int(signalled.sigval)
+    except FatalWorkerExit as fatal:
+        logging.getLogger(__name__).error("%s: not restarting", fatal)
+        return fatal.code
+    finally:
+        # Before the interpreter exits: see GenerationRendezvousHandler.stop_heartbeats.
+        handler.stop_heartbeats()
     return contract.EXIT_SUCCESS if result.state == WorkerState.SUCCEEDED else 1

@@ -43,6 +43,10 @@ RESCALE_PAUSE = Histogram(
     "From the last step before a membership change to the first step after it",
     buckets=(0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120),
 )
+NONFINITE_STEPS = Counter(
+    "ebbflow_trainer_nonfinite_steps",
+    "Steps skipped because their loss or gradient was not finite (NaN or infinity)",
+)
 STEPS_LOST = Counter(
     "ebbflow_trainer_steps_lost", "Completed steps that had to be trained again after a restart"
 )
@@ -69,7 +73,7 @@ class ProgressReporter:
         self.failures = 0  # reports that failed (each logged once); training went on regardless
 
     @staticmethod
-    def report(step: int, samples: int, loss: float, samples_per_second: float) -> dict[str, Any]:
+    def report(step: int, samples: int, loss: float | None, samples_per_second: float) -> dict[str, Any]:
         values = (step, samples, loss, samples_per_second, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         return dict(zip(contract.PROGRESS_FIELDS, values, strict=True))
 

@@ -112,11 +112,22 @@ class GenerationRendezvousHandler(RendezvousHandler):
         try:
             from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-            self._delegate._stop_heartbeats()
+            self.stop_heartbeats()
             exit_op = dynamic_rendezvous._RendezvousExitOp()
             self._delegate._op_executor.run(exit_op, time.monotonic() + 10)
         except Exception as error:  # best effort by design, see the docstring
             log.warning("could not leave the rendezvous early (%s); peers wait for heartbeat expiry", error)
+
+    def stop_heartbeats(self) -> None:
+        """Stop and join the keep-alive thread; every agent must call this before its interpreter exits.
+
+        Torch runs the heartbeats in a daemon thread that it deliberately leaves running at exit. Each
+        heartbeat is a store call made with the GIL released; if the interpreter finalizes meanwhile,
+        the thread is torn down by ``pthread_exit`` on its way back into Python, the forced unwind hits
+        pybind11's ``noexcept`` GIL guard, and ``std::terminate`` aborts the process (exit 134,
+        "terminate called without an active exception") after a run that succeeded.
+        """
+        self._delegate._stop_heartbeats()
 
     def get_backend(self) -> str:
         return str(self._delegate.get_backend())

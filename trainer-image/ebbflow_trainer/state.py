@@ -2,7 +2,8 @@
 
 A state is everything needed to continue the exact sample sequence: model, optimizer, the next step
 (which fixes the data position, see :mod:`ebbflow_trainer.sharding`), RNG states, the batch size the
-learning rate was tuned for and the gradient-noise estimates.
+learning rate was tuned for, the gradient-noise estimates and the current run of skipped
+(non-finite) steps.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def capture(engine: VirtualNodeEngine, step: int, last_step_wall_time: float) ->
         "base_batch_size": engine.base_batch_size,
         "base_lrs": engine.base_lrs,
         "noise": vars(engine.noise).copy(),
+        "nonfinite_streak": engine.nonfinite_streak,
         "virtual_nodes": engine.config.virtual_nodes,
         "global_batch_size": engine.config.global_batch_size,
         "seed": engine.config.seed,
@@ -57,6 +59,7 @@ def restore(engine: VirtualNodeEngine, state: dict[str, Any]) -> None:
     engine.base_lrs = [float(lr) for lr in state["base_lrs"]]
     for name, value in state["noise"].items():
         setattr(engine.noise, name, value)
+    engine.nonfinite_streak = int(state.get("nonfinite_streak", 0))
 
 
 def to_bytes(state: dict[str, Any]) -> bytes:

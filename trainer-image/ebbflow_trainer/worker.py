@@ -8,6 +8,9 @@ state in node-local memory for the next world and exit. The agent then forms the
 Exit codes towards the agent: 0 when training finished or this worker was asked to leave (SIGTERM),
 ``EXIT_REFORM`` when the world must re-form without this worker having been asked to stop (a peer left
 or died); the agent treats it as a failure and restarts the worker in the next rendezvous round.
+``contract.EXIT_NONFINITE_LOSS`` when ``max_nonfinite_steps`` steps in a row were skipped for a
+non-finite loss or gradient: every worker of the world decides this at the same step, rank 0 saves the
+last finite state as the checkpoint, and the launcher ends with that code instead of restarting.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -33,9 +37,10 @@ from ebbflow_trainer import metrics, state
 from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.batching import DynamicBatchingController
 from ebbflow_trainer.config import TrainerConfig
-from ebbflow_trainer.engine import VirtualNodeEngine
+from ebbflow_trainer.engine import StepResult, VirtualNodeEngine
 from ebbflow_trainer.rendezvous import connect, generation_store
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
+from ebbflow_trainer.termination import write_termination_message
 
 EXIT_REFORM = 75
 log = logging.getLogger("ebbflow_trainer.worker")
@@ -195,6 +200,8 @@ class Worker:
                 return EXIT_REFORM
             result = self.engine.apply(message, world.size)
             self.step += 1
+            if result.skipped:
+                metrics.NONFINITE_STEPS.inc()
             now = time.time()
             if first_step and self.source in ("memory", "peer"):
                 pause = now - self.last_step_wall_time
@@ -204,7 +211,9 @@ class Worker:
                 )
             first_step = False
             self.last_step_wall_time = now
-            self._record_step(now - started, result.loss, mine, compute_seconds)
+            self._record_step(now - started, result, mine, compute_seconds)
+            if self.engine.nonfinite_streak >= config.max_nonfinite_steps:
+                return self.stop_diverged()
             interval = config.checkpoint_interval_steps
             if world.rank == 0 and interval and self.step % interval == 0:
                 self.write_checkpoint()
@@ -223,8 +232,10 @@ class Worker:
         self.journal.write("done", step=self.step, generation=world.generation)
         return contract.EXIT_SUCCESS
 
-    def _record_step(self, seconds: float, loss: float, mine: list[int], compute_seconds: float) -> None:
-        samples = self.config.global_batch_size
+    def _record_step(
+        self, seconds: float, result: StepResult, mine: list[int], compute_seconds: float
+    ) -> None:
+        samples, loss = self.config.global_batch_size, result.loss
         metrics.STEP.set(self.step)
         metrics.SAMPLES.inc(samples)
         metrics.SAMPLES_PER_SECOND.set(samples / seconds if seconds > 0 else 0.0)
@@ -242,9 +253,14 @@ class Worker:
             vnodes=mine,
             loss=loss,
             compute_seconds=compute_seconds,
+            skipped=result.skipped,
         )
         if self.progress is not None:
-            report = self.progress.report(self.step, self.step * samples, loss, samples / max(seconds, 1e-9))
+            # JSON has no NaN: a skipped step reports no loss rather than an unparsable document.
+            reported_loss = loss if math.isfinite(loss) else None
+            report = self.progress.report(
+                self.step, self.step * samples, reported_loss, samples / max(seconds, 1e-9)
+            )
             self.progress.maybe_report(report, force=self.step == self.total_steps)
             self._report_last_step()
 
@@ -267,6 +283,23 @@ class Worker:
             return contract.EXIT_SUCCESS
         self.journal.write("reform", step=self.step, generation=self.world.generation)
         return EXIT_REFORM
+
+    def stop_diverged(self) -> int:
+        """Too many non-finite steps in a row: keep the last finite state and say why in the pod's status."""
+        streak = self.engine.nonfinite_streak
+        last_finite = self.step - streak
+        why = (
+            f"loss or gradient non-finite for {streak} consecutive steps "
+            f"(steps {last_finite + 1}-{self.step}), the limit set by spec.maxNonFiniteSteps; "
+            f"the parameters are those after step {last_finite}"
+        )
+        if self.world.rank == 0:
+            self.write_checkpoint()
+            self._report_last_step(force=True)
+        write_termination_message(self.config.termination_message_path, why)
+        log.error("stopping: %s", why)
+        self.journal.write("diverged", step=self.step, last_finite_step=last_finite, streak=streak)
+        return contract.EXIT_NONFINITE_LOSS
 
     def hand_over(self) -> None:
         """Leave this node's state in node-local memory (shared memory in a pod) for the next world."""

@@ -28,8 +28,11 @@ TAINT_SPOT = "ebbflow.dev/spot"
 TAINT_SPOT_TERMINATION = "ebbflow.dev/spot-termination"
 CONDITION_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-# Test-only: KWOK's pod-exit stage terminates a running pod with this exit code (devcluster/stages).
+# Test-only: KWOK's pod-exit stage terminates a running pod with this exit code (devcluster/stages),
+# and copies the optional message annotation into state.terminated.message, as the kubelet copies
+# what a trainer wrote to its terminationMessagePath.
 FAKE_EXIT_CODE_ANNOTATION = "ebbflow.dev/fake-exit-code"
+FAKE_TERMINATION_MESSAGE_ANNOTATION = "ebbflow.dev/fake-termination-message"
 
 
 @dataclass(frozen=True)
@@ -161,11 +164,14 @@ def evict_pod(core: client.CoreV1Api, namespace: str, name: str) -> bool:
     return True
 
 
-def fail_pod(core: client.CoreV1Api, namespace: str, name: str, exit_code: int) -> None:
-    """Makes a running pod on a fake node terminate with `exit_code` (0 succeeds, anything else fails)."""
-    core.patch_namespaced_pod(
-        name, namespace, {"metadata": {"annotations": {FAKE_EXIT_CODE_ANNOTATION: str(exit_code)}}}
-    )
+def fail_pod(core: client.CoreV1Api, namespace: str, name: str, exit_code: int, message: str = "") -> None:
+    """Makes a running pod on a fake node terminate with `exit_code` (0 succeeds, anything else fails)
+    and, if given, the termination `message` its trainer would have written. One patch, so the pod
+    never terminates without its message."""
+    annotations = {FAKE_EXIT_CODE_ANNOTATION: str(exit_code)}
+    if message:
+        annotations[FAKE_TERMINATION_MESSAGE_ANNOTATION] = message
+    core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
 
 
 def pods_on_node(core: client.CoreV1Api, name: str) -> list[client.V1Pod]:

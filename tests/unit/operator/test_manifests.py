@@ -35,7 +35,10 @@ CONTRACT_ENV = (
     contract.ENV_CHECKPOINT_INTERVAL_STEPS,
     contract.ENV_METRICS_PORT,
     contract.ENV_LEAVE_GRACE_SECONDS,
+    contract.ENV_MAX_NONFINITE_STEPS,
+    contract.ENV_TERMINATION_MESSAGE_PATH,
 )
+KUBERNETES_TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # a container's default
 
 
 def env_of(container: Json) -> dict[str, str]:
@@ -199,6 +202,8 @@ def test_worker_pod_env_contract_and_user_variables() -> None:
                 contract.ENV_CHECKPOINT_INTERVAL_STEPS: "1000",
                 contract.ENV_METRICS_PORT: str(contract.METRICS_PORT),
                 contract.ENV_LEAVE_GRACE_SECONDS: str(contract.DEFAULT_LEAVE_GRACE_SECONDS),
+                contract.ENV_MAX_NONFINITE_STEPS: "3",
+                contract.ENV_TERMINATION_MESSAGE_PATH: KUBERNETES_TERMINATION_MESSAGE_PATH,
             },
             id="defaults",
         ),
@@ -213,6 +218,7 @@ def test_worker_pod_env_contract_and_user_variables() -> None:
                 checkpoint={"path": "s3://bucket/ckpt", "intervalSteps": 50},
                 rendezvous={"port": 31000, "joinTimeoutSeconds": 30},
                 leaveGraceSeconds=9,
+                maxNonFiniteSteps=7,
             ),
             {
                 contract.ENV_RDZV_ENDPOINT: "j-rdzv.ns.svc:31000",
@@ -226,6 +232,7 @@ def test_worker_pod_env_contract_and_user_variables() -> None:
                 contract.ENV_CHECKPOINT_PATH: "s3://bucket/ckpt",
                 contract.ENV_CHECKPOINT_INTERVAL_STEPS: "50",
                 contract.ENV_LEAVE_GRACE_SECONDS: "9",
+                contract.ENV_MAX_NONFINITE_STEPS: "7",
             },
             id="everything-set",
         ),
@@ -235,6 +242,49 @@ def test_worker_pod_env_values(builder: JobBuilder, expected: dict[str, str]) ->
     [trainer] = manifests.worker_pod(make_job(builder), 0, world_generation=6)["spec"]["containers"]
     env = env_of(trainer)
     assert {name: env.get(name) for name in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("containers", "paths"),
+    [
+        pytest.param(
+            [{"name": "trainer", "image": "t"}],
+            [KUBERNETES_TERMINATION_MESSAGE_PATH],
+            id="kubernetes-default",
+        ),
+        pytest.param(
+            [
+                {"name": "trainer", "image": "t", "terminationMessagePath": "/ebbflow/why"},
+                {"name": "sidecar", "image": "s"},
+            ],
+            ["/ebbflow/why", KUBERNETES_TERMINATION_MESSAGE_PATH],
+            id="each-container-its-own",
+        ),
+        pytest.param(
+            [
+                {
+                    "name": "trainer",
+                    "image": "t",
+                    "env": [{"name": contract.ENV_TERMINATION_MESSAGE_PATH, "value": "/elsewhere"}],
+                }
+            ],
+            [KUBERNETES_TERMINATION_MESSAGE_PATH],
+            id="user-variable-replaced",
+        ),
+    ],
+)
+def test_worker_pod_termination_message_path_is_the_containers(
+    containers: list[Json], paths: list[str]
+) -> None:
+    """The trainer writes why it stopped where the kubelet reads it: its container's own path."""
+    assert manifests.DEFAULT_TERMINATION_MESSAGE_PATH == KUBERNETES_TERMINATION_MESSAGE_PATH
+    job = make_job(JobBuilder("j").pod_spec(containers=containers))
+    built = manifests.worker_pod(job, 0, world_generation=1)["spec"]["containers"]
+    assert [env_of(c)[contract.ENV_TERMINATION_MESSAGE_PATH] for c in built] == paths
+    # The template's own setting stays; none is added where it had none (Kubernetes defaults it).
+    assert [c.get("terminationMessagePath") for c in built] == [
+        c.get("terminationMessagePath") for c in containers
+    ]
 
 
 @pytest.mark.parametrize(

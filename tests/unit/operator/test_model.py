@@ -45,8 +45,11 @@ def raw_pod(
     }
 
 
-def terminated(code: int) -> Json:
-    return {"name": "c", "state": {"terminated": {"exitCode": code, "reason": "Completed"}}}
+def terminated(code: int, message: str | None = None) -> Json:
+    state: Json = {"exitCode": code, "reason": "Completed"}
+    if message is not None:
+        state["message"] = message
+    return {"name": "c", "state": {"terminated": state}}
 
 
 RUNNING: Json = {"name": "c", "state": {"running": {"startedAt": "2024-01-01T00:00:00Z"}}}
@@ -96,6 +99,38 @@ def test_parse_pod_exit_code(statuses: list[Json] | None, exit_code: int | None)
     if statuses is not None:
         status["containerStatuses"] = statuses
     assert parse_pod(raw_pod(status=status)).exit_code == exit_code
+
+
+DIVERGED = (
+    "loss or gradient non-finite for 3 consecutive steps (steps 55-57); the last finite state is step 54"
+)
+
+
+@pytest.mark.parametrize(
+    ("statuses", "expected"),
+    [
+        pytest.param([RUNNING], (None, ""), id="not-terminated"),
+        pytest.param([terminated(1)], (1, ""), id="failed-without-message"),
+        pytest.param([terminated(65, DIVERGED)], (65, DIVERGED), id="failed-with-message"),
+        pytest.param([terminated(65, DIVERGED + "\n")], (65, DIVERGED), id="trailing-newline-dropped"),
+        pytest.param([terminated(64, "")], (64, ""), id="empty-message"),
+        pytest.param([terminated(0, "done")], (0, ""), id="success-message-ignored"),
+        pytest.param(
+            [terminated(0, "done"), terminated(65, DIVERGED)],
+            (65, DIVERGED),
+            id="the-failed-containers-message",
+        ),
+        pytest.param(
+            [terminated(1, "first"), terminated(65, DIVERGED)],
+            (1, "first"),
+            id="message-of-the-same-container",
+        ),
+    ],
+)
+def test_parse_pod_termination_message(statuses: list[Json], expected: tuple[int | None, str]) -> None:
+    """The message comes from the container whose exit code the pod reports, so the two agree."""
+    pod = parse_pod(raw_pod(status={"phase": "Failed", "containerStatuses": statuses}))
+    assert (pod.exit_code, pod.termination_message) == expected
 
 
 # --- parse_pod: disruptions ----------------------------------------------------------------------
@@ -298,7 +333,12 @@ def test_parse_pod_reads_back_a_worker_the_operator_built() -> None:
     assert (pod.name, pod.namespace, pod.uid) == (manifests.worker_name("j", 3), job.namespace, "uid-w3")
     assert (pod.job, pod.role, pod.owner_uid) == ("j", contract.ROLE_WORKER, job.uid)
     assert (pod.node, pod.phase, pod.ready, pod.gpus) == ("od-1", "Running", True, 2)
-    assert (pod.world_generation, pod.exit_code, pod.disruption) == (5, None, None)
+    assert (pod.world_generation, pod.exit_code, pod.termination_message, pod.disruption) == (
+        5,
+        None,
+        "",
+        None,
+    )
     assert pod.holds_gpus and not pod.finished
 
 
@@ -585,6 +625,9 @@ FULL_REPORT = {
         pytest.param("42", None, id="number"),
         pytest.param("null", None, id="null"),
         pytest.param('"step"', None, id="string"),
+        pytest.param('{"step": 3, "loss": NaN}', None, id="nan-is-not-json"),
+        pytest.param('{"step": 3, "loss": -Infinity}', None, id="infinity-is-not-json"),
+        pytest.param('{"step": 3, "loss": null}', {"step": 3, "loss": None}, id="skipped-step-has-no-loss"),
     ],
 )
 def test_parse_progress(raw: str | None, expected: Json | None) -> None:

@@ -229,11 +229,20 @@ def test_too_many_failures_fail_the_job_and_clean_up() -> None:
     assert not result.create_workers
 
 
-def test_invalid_config_fails_at_once() -> None:
-    pods = [worker(0, phase="Failed", exit_code=contract.EXIT_INVALID_CONFIG)]
-    result = plan(job(lo=1, status=running_status(pods, 1)), pods, 1)
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [pytest.param(code, reason, id=reason) for code, reason in contract.FATAL_EXIT_REASONS.items()],
+)
+def test_fatal_exit_fails_at_once(code: int, reason: str) -> None:
+    """No restart can cure it: the job fails with restarts left, replaces nobody and keeps the pod."""
+    pods = [worker(0, phase="Failed", exit_code=code, termination_message="why"), worker(1)]
+    result = plan(job(lo=1, maxRestarts=5, status=running_status(pods, 2)), pods, 2)
     assert result.status["phase"] == "Failed"
-    assert any(c["reason"] == "InvalidConfig" for c in result.status["conditions"])
+    [failed] = [c for c in result.status["conditions"] if c["type"] == "Failed"]
+    assert (failed["reason"], failed["message"]) == (reason, f"j-worker-0 exited {code} ({reason}): why")
+    assert result.status["restarts"] == 1, "counted once, like every real failure"
+    assert not result.create_workers
+    assert {d.name for d in result.delete} == {"j-worker-1", "j-rdzv"}, "failed pod kept for its logs"
 
 
 @pytest.mark.parametrize(

@@ -417,6 +417,115 @@ def test_clean_up(policy: str, already: set[str], expected: list[str]) -> None:
     assert deletions(result) == [(name, 30, "job finished") for name in expected]
 
 
+# --- exit codes: fail, restart or preemption ----------------------------------------------------
+
+DIVERGED = (
+    "loss or gradient non-finite for 3 consecutive steps (steps 55-57); the last finite state is step 54"
+)
+RECORDED = {"j-worker-0": "od-0", "j-worker-1": "od-0"}
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "said", "restarts", "expected"),
+    [
+        pytest.param(
+            contract.EXIT_NONFINITE_LOSS,
+            DIVERGED,
+            0,
+            {
+                "phase": Phase.FAILED,
+                "condition": ("NonFiniteLoss", f"j-worker-1 exited 65 (NonFiniteLoss): {DIVERGED}"),
+                "restarts": 1,
+            },
+            id="65-non-finite-loss-fails-quoting-the-trainer",
+        ),
+        pytest.param(
+            contract.EXIT_NONFINITE_LOSS,
+            DIVERGED,
+            1,
+            {
+                "phase": Phase.FAILED,
+                "condition": ("NonFiniteLoss", f"j-worker-1 exited 65 (NonFiniteLoss): {DIVERGED}"),
+                "restarts": 2,
+            },
+            id="65-fails-at-once-with-restarts-left",
+        ),
+        pytest.param(
+            contract.EXIT_NONFINITE_LOSS,
+            "",
+            0,
+            {
+                "phase": Phase.FAILED,
+                "condition": ("NonFiniteLoss", "j-worker-1 exited 65 (NonFiniteLoss)"),
+                "restarts": 1,
+            },
+            id="65-without-a-termination-message",
+        ),
+        pytest.param(
+            contract.EXIT_INVALID_CONFIG,
+            "EBBFLOW_GLOBAL_BATCH_SIZE: must be positive",
+            0,
+            {
+                "phase": Phase.FAILED,
+                "condition": (
+                    "InvalidConfig",
+                    "j-worker-1 exited 64 (InvalidConfig): EBBFLOW_GLOBAL_BATCH_SIZE: must be positive",
+                ),
+                "restarts": 1,
+            },
+            id="64-invalid-config-fails",
+        ),
+        pytest.param(1, "boom", 0, {"restarts": 1, "replaced": ["j-worker-1"]}, id="1-restart-counted"),
+        pytest.param(
+            1,
+            "boom",
+            3,
+            {
+                "phase": Phase.FAILED,
+                "condition": (
+                    "TooManyFailures",
+                    "4 worker failures exceed spec.maxRestarts=3: j-worker-1 exited 1",
+                ),
+                "restarts": 4,
+            },
+            id="1-beyond-max-restarts-fails",
+        ),
+        pytest.param(
+            contract.EXIT_SIGKILL,
+            "",
+            0,
+            {"lost": {"j-worker-1": "ExitCode137"}},
+            id="137-preemption-not-failure",
+        ),
+        pytest.param(
+            contract.EXIT_SIGTERM,
+            "",
+            0,
+            {"lost": {"j-worker-1": "ExitCode143"}},
+            id="143-preemption-not-failure",
+        ),
+    ],
+)
+def test_exit_code_fails_restarts_or_preempts(
+    exit_code: int, said: str, restarts: int, expected: dict[str, Any]
+) -> None:
+    """A worker's exit code through the steps that judge it (classify, then end_of_job): a code in
+    contract.FATAL_EXIT_REASONS fails the job at once whatever restarts are left, quoting what the
+    trainer said; another one is a restart until maxRestarts; 137/143 are preemptions."""
+    j = job(status={"restarts": restarts, "workerNodes": RECORDED}, maxRestarts=3)
+    pods = [worker(0), failed(1, exit_code, termination_message=said)]
+    seen = classify(pods, j.status.worker_nodes, NODES, j)
+    ending = end_of_job(j, pods, seen)
+    failures = [(c.reason, c.message) for c in ending.report.conditions if c.type == FAILED]
+    assert {
+        "phase": ending.phase,
+        "condition": failures[0] if failures else None,
+        "restarts": ending.restarts,
+        "replaced": [d.name for d in ending.delete if d.reason == "failed"],
+        "lost": dict(seen.lost),
+    } == {"phase": None, "condition": None, "restarts": restarts, "replaced": [], "lost": {}, **expected}
+
+
 # --- pending timeout -----------------------------------------------------------------------------
 
 HELD = {"holdReplicas": 2, "holdUntil": format_time(NOW + 100)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from ebbflow_api import contract
+from ebbflow_api.models import ElasticTrainingJobSpec
 from ebbflow_trainer.config import ConfigError, TrainerConfig, from_environment
 
 from tests.trainer_config import VALID_ENVIRONMENT
@@ -36,12 +37,28 @@ def test_a_valid_environment_resolves() -> None:
         ({contract.ENV_GLOBAL_BATCH_SIZE: "many"}, contract.ENV_GLOBAL_BATCH_SIZE, "whole number"),
         ({contract.ENV_BATCHING: "greedy"}, contract.ENV_BATCHING, "static"),
         ({contract.ENV_LR_SCALING: "cubic"}, contract.ENV_LR_SCALING, "adascale"),
+        ({contract.ENV_MAX_NONFINITE_STEPS: "0"}, contract.ENV_MAX_NONFINITE_STEPS, "between 1 and"),
+        ({contract.ENV_MAX_NONFINITE_STEPS: "a few"}, contract.ENV_MAX_NONFINITE_STEPS, "whole number"),
     ],
 )
 def test_invalid_settings_are_named_with_a_fix(overrides: dict[str, str], named: str, advice: str) -> None:
     with pytest.raises(ConfigError) as error:
         _config(**overrides)
     assert named in str(error.value) and advice in str(error.value)
+
+
+def test_the_nonfinite_limit_and_termination_path_come_from_the_contract_with_the_api_default() -> None:
+    assert (
+        _config().max_nonfinite_steps == ElasticTrainingJobSpec.model_fields["max_non_finite_steps"].default
+    )
+    assert _config().termination_message_path == ""
+    config = _config(
+        **{
+            contract.ENV_MAX_NONFINITE_STEPS: "7",
+            contract.ENV_TERMINATION_MESSAGE_PATH: "/dev/termination-log",
+        }
+    )
+    assert (config.max_nonfinite_steps, config.termination_message_path) == (7, "/dev/termination-log")
 
 
 def test_missing_virtual_nodes_is_named() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 import torch.nn.functional as F
 from ebbflow_trainer import state
@@ -133,3 +136,59 @@ def test_linear_lr_scaling_sets_the_optimizer_learning_rate() -> None:
     result = engine.apply(engine.pack(rows, rank=0, world_size=1, compute_seconds=1.0, leave=False), 1)
     assert result.lr_factor == B / 4
     assert engine.spec.optimizer.param_groups[0]["lr"] == 0.1 * B / 4
+
+
+def _snapshot(engine: VirtualNodeEngine) -> list[torch.Tensor]:
+    """Parameters, buffers and every optimizer state tensor, copied."""
+    optimizer_state = [
+        t for s in engine.spec.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
+    ]
+    return [t.detach().clone() for t in [*_bits(engine), *optimizer_state]]
+
+
+@pytest.mark.parametrize("mode", ["deterministic", "fast"])
+@pytest.mark.parametrize(
+    "poison",
+    [
+        pytest.param(float("nan"), id="nan"),
+        pytest.param(float("inf"), id="inf"),
+    ],
+)
+def test_a_non_finite_step_changes_nothing_and_the_streak_counts_it(mode: str, poison: float) -> None:
+    engine = _engine(mode)
+    for step in range(2):  # some optimizer state (momentum) to keep
+        rows, _ = engine.compute_rows(step, list(range(V)))
+        engine.apply(engine.pack(rows, rank=0, world_size=1, compute_seconds=1.0, leave=False), 1)
+    before, lr = _snapshot(engine), engine.spec.optimizer.param_groups[0]["lr"]
+
+    for step in (2, 3):
+        rows, _ = engine.compute_rows(step, list(range(V)))
+        rows[1][0] = poison  # one gradient value of one virtual node
+        result = engine.apply(engine.pack(rows, rank=0, world_size=1, compute_seconds=1.0, leave=False), 1)
+        assert result.skipped and result.lr_factor is None
+        assert engine.nonfinite_streak == step - 1
+        after = _snapshot(engine)
+        assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True)), "the step changed state"
+        assert engine.spec.optimizer.param_groups[0]["lr"] == lr
+
+    rows, _ = engine.compute_rows(4, list(range(V)))
+    result = engine.apply(engine.pack(rows, rank=0, world_size=1, compute_seconds=1.0, leave=False), 1)
+    assert not result.skipped and engine.nonfinite_streak == 0
+    assert not all(torch.equal(a, b) for a, b in zip(_snapshot(engine), before, strict=True))
+
+
+def test_a_non_finite_loss_alone_skips_the_step() -> None:
+    engine = _engine("deterministic")
+    rows, _ = engine.compute_rows(0, list(range(V)))
+    loss_at = engine.num_params + engine.num_float_buffer_values
+    rows[2][loss_at] = float("nan")
+    result = engine.apply(engine.pack(rows, rank=0, world_size=1, compute_seconds=1.0, leave=False), 1)
+    assert result.skipped and math.isnan(result.loss)
+
+
+def test_the_streak_travels_with_the_handed_over_state() -> None:
+    engine = _engine("deterministic")
+    engine.nonfinite_streak = 2
+    resumed = _engine("deterministic")
+    state.restore(resumed, state.from_bytes(state.to_bytes(state.capture(engine, 5, 0.0))))
+    assert resumed.nonfinite_streak == 2
