@@ -19,7 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 
 # torch re-exports its store classes from a C extension without declaring them public to type checkers.
-from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
+from torch.distributed import DistStoreError, PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 from torch.distributed.elastic.rendezvous.api import RendezvousInfo, RendezvousStoreInfo
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
@@ -92,8 +92,27 @@ class GenerationRendezvousHandler(RendezvousHandler):
             keep_alive_max_attempt=config.keep_alive_max_attempt,
         )
         self._bootstrap = RendezvousStoreInfo(master_addr=config.rdzv_host, master_port=config.rdzv_port)
+        self._join_timeout = config.join_timeout
 
     def next_rendezvous(self) -> RendezvousInfo:
+        """Join the next round; if its rank 0 dies before publishing the round's keys, join another.
+
+        Right after a round completes, its rank 0 publishes torch's bootstrap address and our
+        generation number, and the others wait for them. A rank 0 killed in that instant (preemption,
+        a peer's SIGKILL) would make every other agent crash with a store timeout and its pod exit 1,
+        a failure the operator counts; instead they leave that round and join the next, which forms
+        without the dead node once its heartbeats expire, as after any failed world.
+        """
+        deadline = time.monotonic() + self._join_timeout
+        while True:
+            try:
+                return self._join_round()
+            except DistStoreError as error:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("the round's rank 0 never published its keys (%s); joining the next round", error)
+
+    def _join_round(self) -> RendezvousInfo:
         info = self._delegate.next_rendezvous()
         round_store = info.store
         if info.rank == 0:

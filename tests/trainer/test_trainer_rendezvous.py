@@ -1,0 +1,81 @@
+"""Trainer tier: the generation rendezvous against a real c10d store and torch's real dynamic rendezvous.
+
+Two nodes in one process (each a real handler with its own heartbeats): the first plays a node that
+completes a round as its rank 0 and dies before publishing the round's keys.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed import TCPStore  # type: ignore[attr-defined]
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousTimeout,
+)
+
+from ebbflow_trainer.rendezvous import GenerationRendezvousHandler
+from tests.trainer_config import trainer_config
+
+HEARTBEAT, MISSED = 0.5, 3
+
+
+def _torch_node(store: TCPStore, run_id: str) -> DynamicRendezvousHandler:
+    """A plain torch node: it joins rounds but never publishes Ebbflow's generation number."""
+    return DynamicRendezvousHandler.from_backend(
+        run_id=run_id,
+        store=store,
+        backend=C10dRendezvousBackend(store, run_id),
+        min_nodes=1,
+        max_nodes=2,
+        timeout=RendezvousTimeout(
+            join=timedelta(seconds=60),
+            last_call=timedelta(seconds=2),
+            heartbeat=timedelta(seconds=HEARTBEAT * MISSED),
+        ),
+        keep_alive_interval=HEARTBEAT,  # type: ignore[arg-type]
+        keep_alive_max_attempt=MISSED,
+    )
+
+
+def test_a_rank_zero_that_dies_before_publishing_the_round_does_not_crash_the_others() -> None:
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    run_id = "rank-zero-dies"
+    client = TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30))
+    doomed = _torch_node(client, run_id)  # created first: the lower node id, rank 0 of a shared round
+    survivor = GenerationRendezvousHandler(
+        trainer_config(
+            rdzv_endpoint=f"127.0.0.1:{server.port}",
+            rdzv_id=run_id,
+            min_replicas=1,
+            max_replicas=2,
+            last_call_timeout=2.0,
+            keep_alive_interval=HEARTBEAT,
+            keep_alive_max_attempt=MISSED,
+            store_timeout=3.0,
+            join_timeout=60.0,
+        )
+    )
+    generations: list[int] = []
+    survivor.on_generation = generations.append
+    doomed_round: dict[str, Any] = {}
+
+    def join_and_die() -> None:
+        info = doomed.next_rendezvous()
+        doomed_round.update(rank=info.rank, world_size=info.world_size)
+        doomed._stop_heartbeats()  # dead: no heartbeats, no exit from the round, no generation key
+
+    thread = threading.Thread(target=join_and_die)
+    thread.start()
+    try:
+        info = survivor.next_rendezvous()
+    finally:
+        thread.join(timeout=60)
+        survivor.stop_heartbeats()
+    assert doomed_round == {"rank": 0, "world_size": 2}, "the scenario needs the doomed node as rank 0"
+    # The survivor waited for the dead rank 0's keys, gave up on that round and formed the next alone.
+    assert (info.rank, info.world_size) == (0, 1)
+    assert generations == [1]
