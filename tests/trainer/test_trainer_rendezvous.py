@@ -10,6 +10,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
+from ebbflow_trainer.rendezvous import GenerationRendezvousHandler
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
@@ -17,7 +18,6 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousTimeout,
 )
 
-from ebbflow_trainer.rendezvous import GenerationRendezvousHandler
 from tests.trainer_config import trainer_config
 
 HEARTBEAT, MISSED = 0.5, 3
