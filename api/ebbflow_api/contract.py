@@ -24,9 +24,10 @@ ROLE_RENDEZVOUS: Final = "rendezvous"
 LABEL_WORKER_INDEX: Final = f"{API_GROUP}/worker-index"
 ANNOTATION_WORLD_GENERATION: Final = f"{API_GROUP}/world-generation"
 # Rank 0 writes a JSON progress report here on its own pod (see PROGRESS_FIELDS); the operator
-# copies the newest report into the job's status.progress.
+# copies the newest report into the job's status.progress. "eval" is the training script's last
+# evaluation, {"step": int, "metrics": {name: number}}, or null.
 ANNOTATION_PROGRESS: Final = f"{API_GROUP}/progress"
-PROGRESS_FIELDS: Final = ("step", "samples", "loss", "samplesPerSecond", "time")
+PROGRESS_FIELDS: Final = ("step", "samples", "loss", "samplesPerSecond", "time", "eval")
 
 # --- Environment variables the operator sets on every worker container ---------------------------
 ENV_JOB_NAME: Final = "EBBFLOW_JOB_NAME"

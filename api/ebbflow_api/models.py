@@ -348,6 +348,13 @@ class LastRescale(ApiModel):
     reason: str
 
 
+class Evaluation(ApiModel):
+    """The training script's last evaluation (its eval_fn)."""
+
+    step: Int64 | None = Field(None, description="Global step after which the model was evaluated.")
+    metrics: dict[str, float] | None = None
+
+
 class Progress(ApiModel):
     """Latest report of the trainers (rank 0)."""
 
@@ -356,6 +363,7 @@ class Progress(ApiModel):
     loss: float | None = None
     samples_per_second: float | None = None
     time: str | None = None
+    eval: Evaluation | None = None
 
 
 class ElasticTrainingJobStatus(ApiModel):

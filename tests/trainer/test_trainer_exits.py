@@ -203,3 +203,14 @@ def test_skipped_steps_are_counted_in_the_metric(tmp_path: Path) -> None:
         assert counted is not None and seen <= counted <= limit, (seen, counted)
         assert job.wait_all([node], 120) == [contract.EXIT_NONFINITE_LOSS], job.logs()
     assert len(_skipped(node)) == limit
+
+
+def test_sigterm_while_waiting_in_the_rendezvous_is_a_graceful_leave(tmp_path: Path) -> None:
+    """A pod deleted before its worker trains (here: waiting for a second node) has nothing to hand
+    over: it exits 0, not 143, like any pod that left when asked."""
+    with running_job(tmp_path, min_replicas=2, max_replicas=2, steps=5) as job:
+        node = job.start_node()
+        wait_for(lambda: "attempts to join" in node.log.read_text(errors="replace"), 120, "the rendezvous")
+        node.terminate()
+        assert job.wait_all([node], 60) == [contract.EXIT_SUCCESS], job.logs()
+    assert not node.events("step")

@@ -30,6 +30,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("spec", help="training script: path/to/train.py[:build] or package.module[:build]")
     run.add_argument("--mode", default="deterministic", help="deterministic (bitwise) or fast (all-reduce)")
     run.add_argument(
+        "--row-table-limit",
+        type=int,
+        default=argparse.SUPPRESS,  # TrainerConfig's default (2 MiB)
+        help="deterministic mode: bytes of V rows up to which one row per virtual node is all-reduced "
+        "(faster for small models; default 2 MiB); exact sums above, always with 0",
+    )
+    run.add_argument(
         "--steps", type=int, help="global steps to train (default: the script's TrainingSpec.steps)"
     )
     run.add_argument("--seed", type=int, default=0)
@@ -97,12 +104,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check_spec(config: TrainerConfig) -> None:
     """Load the training script once before joining, so a broken script fails the job instead of looping."""
-    from ebbflow_trainer.api import load_spec
+    from ebbflow_trainer.api import SpecError, load_spec
     from ebbflow_trainer.config import ConfigError
 
     try:
         spec = load_spec(config.spec)
-    except (ImportError, AttributeError, TypeError, FileNotFoundError) as error:
+    except (ImportError, AttributeError, TypeError, FileNotFoundError, SpecError) as error:
         raise ConfigError(f"training script {config.spec!r}: {error}") from None
     if len(spec.dataset) < config.global_batch_size:
         raise ConfigError(

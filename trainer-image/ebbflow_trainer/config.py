@@ -30,6 +30,7 @@ from ebbflow_api.models import (
 from pydantic import ValidationError
 
 MODES = ("deterministic", "fast")
+ROW_TABLE_LIMIT = 2 << 20  # bytes: the measured crossover lies between 1.3 and 4.4 MB (bench/README.md)
 DEFAULT_JOIN_TIMEOUT = RendezvousSpec().join_timeout_seconds
 DEFAULT_MAX_NONFINITE_STEPS: int = ElasticTrainingJobSpec.model_fields["max_non_finite_steps"].default
 # The spec fields the trainer receives, by the variable the operator passes each in.
@@ -61,6 +62,9 @@ class TrainerConfig:
     batching: str = Batching.STATIC.value
     lr_scaling: str = LrScaling.NONE.value
     mode: str = "deterministic"
+    # Deterministic mode all-reduces one row per virtual node while those V rows take at most this many
+    # bytes, exact sums above (engine.VirtualNodeEngine.method); 0 always uses exact sums.
+    row_table_limit: int = ROW_TABLE_LIMIT
     seed: int = 0
     steps: int | None = None
     base_batch_size: int | None = None
@@ -183,6 +187,8 @@ def validate(config: TrainerConfig) -> None:
     _check_shape(config)
     if config.mode not in MODES:
         raise ConfigError(f"--mode={config.mode!r} must be one of {MODES}.")
+    if config.row_table_limit < 0:
+        raise ConfigError(f"--row-table-limit={config.row_table_limit} must be 0 or a number of bytes.")
     if config.checkpoint_interval_steps < 0:
         raise ConfigError(
             f"{contract.ENV_CHECKPOINT_INTERVAL_STEPS} must be 0 (off) or a positive step count."

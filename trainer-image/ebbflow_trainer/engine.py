@@ -4,10 +4,25 @@ Each virtual node k computes, from the step's starting parameters and buffers, t
 mean loss over its B/V samples. The step's gradient is the plain mean of the V virtual-node gradients,
 so a step means the same thing for any number of workers.
 
-The reduced message carries one row per virtual node in ``deterministic`` mode (each row is filled by
-exactly one worker and zero elsewhere, so the sum reproduces it exactly) and the rows are added in
-virtual-node order: parameters are bitwise identical for every world size. ``fast`` mode sums a
-worker's rows locally and all-reduces one row: less traffic, equal within float rounding.
+``deterministic`` mode gives bitwise identical parameters for every world size and every
+assignment of virtual nodes to workers, by one of two methods chosen from the model's size alone
+(``method``; the same on every worker and in every world):
+
+- exact sums (:mod:`ebbflow_trainer.exact`), when V rows would take more than ``row_table_limit``
+  bytes (2 MiB): a small all-reduce(MAX) first agrees, per block of 4096 values, on a fixed-point
+  grid; every worker rounds each of its virtual nodes' rows onto that grid (one int64 per value),
+  adds the integers and all-reduces one row of them; the mean is decoded once. Integer addition is
+  associative, so the result depends on the V rows only. Traffic and memory do not grow with V:
+  8 bytes per value (twice a float32 row) plus 8 bytes per block. The mean's error is at most
+  2**(ceil(log2 V) - 62) times the largest |value| of its block plus 2**-51 of itself, before
+  rounding to the parameters' dtype.
+- the row table, for small models: one row per virtual node, each filled by exactly one worker and
+  zero elsewhere (the sum reproduces it exactly), added in virtual-node order after the all-reduce.
+  V times the traffic, but one round trip and no encoding, which is faster while the table is small
+  (``bench/deterministic_traffic.py``).
+
+``fast`` mode sums a worker's rows in floating point and all-reduces one row of the parameters'
+dtype: the least traffic and one round trip, equal within float rounding.
 
 Buffers (BatchNorm running statistics and the like) follow the same rule as gradients: every virtual
 node starts from the step's buffers, and the step's new floating-point buffers are the mean over
@@ -15,14 +30,19 @@ virtual nodes of their updated values. BatchNorm therefore normalizes with the s
 virtual node's B/V samples (like per-GPU BatchNorm in DDP), independent of the world size. Integer
 buffers (``num_batches_tracked``) advance identically on every virtual node and are kept as computed.
 
-The message also carries, per worker, its compute time (for dynamic batching) and one "leave" flag
-(any worker asked to stop at this step boundary), so neither costs an extra collective.
+The message also carries, per worker, its compute time (for dynamic batching; with exact sums as
+the float64's bits, which the sum reproduces exactly) and one "leave" flag (any worker asked
+to stop at this step boundary), so neither costs an extra collective.
 
 A step whose reduced loss or gradient is not finite (NaN or infinity in any virtual node spreads
-through the sum) is skipped: parameters, buffers, optimizer state and the learning-rate
+through the sum; exact sums carry non-finite values beside their grid, see
+:mod:`ebbflow_trainer.exact`) is skipped: parameters, buffers, optimizer state and the learning-rate
 estimates stay those of the last finite step. Every worker reads the same reduced message, so every
 worker skips the same steps. ``nonfinite_streak`` counts the skipped steps in a row; it is part of the
-handed-over state, so a world that re-forms in the middle of a streak keeps counting.
+handed-over state, so a world that re-forms in the middle of a streak keeps counting. With fp16 loss
+scaling a gradient overflow under a finite loss is skipped too but not counted (see
+:mod:`ebbflow_trainer.update`, which also holds clipping and the LR schedule; batches come from
+:mod:`ebbflow_trainer.data`).
 """
 
 from __future__ import annotations
@@ -33,10 +53,14 @@ from dataclasses import dataclass
 
 import torch
 
+from ebbflow_trainer import exact
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.config import TrainerConfig
+from ebbflow_trainer.data import VirtualNodeLoader
+from ebbflow_trainer.evaluation import Evaluation
 from ebbflow_trainer.lr_scaling import GradientNoiseScale, lr_factor, noise_estimates
-from ebbflow_trainer.sharding import derived_seed, virtual_node_indices
+from ebbflow_trainer.sharding import derived_seed
+from ebbflow_trainer.update import OptimizerStep
 
 
 @dataclass
@@ -46,6 +70,10 @@ class StepResult:
     leave_requested: bool
     lr_factor: float | None  # None when the step was skipped
     skipped: bool = False  # the step's loss or gradient was not finite: nothing was updated
+    overflow: bool = False  # skipped for an fp16 gradient overflow: not counted toward the streak
+    lr: float | None = None  # the first parameter group's LR the step used; None when skipped
+    grad_norm: float | None = None  # the combined gradient's norm before clipping (when clipping)
+    loss_scale: float | None = None  # the fp16 loss scale for the next step
 
 
 class VirtualNodeEngine:
@@ -66,11 +94,24 @@ class VirtualNodeEngine:
         self.num_float_buffer_values = sum(b.numel() for b in self.float_buffers)
         # Row layout: gradient | floating-point buffers | loss | squared gradient norm.
         self.row_size = self.num_params + self.num_float_buffer_values + 2
+        # Deterministic mode's fixed-point grid: blocks per segment (gradient, buffers, loss and norm).
+        self.layout = exact.BlockLayout([self.num_params, self.num_float_buffer_values, 2])
+        self._gradient_blocks = self.layout.segment_blocks[0]
+        self._agreement: torch.Tensor | None = None
         self.base_lrs = [float(group["lr"]) for group in spec.optimizer.param_groups]
         self.base_batch_size = config.base_batch_size or config.global_batch_size
         self.noise = GradientNoiseScale()
         self.nonfinite_streak = 0
         self._advanced_buffers: list[torch.Tensor] = []
+        self.device_type = self.params[0].device.type
+        self.update = OptimizerStep(spec)
+        self.evaluation = Evaluation(spec, lambda: self.update.autocast(self.device_type))
+        pin = self.device_type == "cuda" and torch.cuda.is_available()
+        self.loader = VirtualNodeLoader(spec, config, pin_memory=pin)
+
+    def close(self) -> None:
+        """Stop background work (the data loader's processes)."""
+        self.loader.close()
 
     # --- local work ------------------------------------------------------------------------------
     def compute_rows(self, step: int, virtual_nodes: list[int]) -> tuple[dict[int, torch.Tensor], float]:
@@ -80,34 +121,30 @@ class VirtualNodeEngine:
         start_buffers = [b.detach().clone() for b in self.buffers]
         rows: dict[int, torch.Tensor] = {}
         started = time.perf_counter()
+        self.loader.prepare(step, virtual_nodes)
         for k in virtual_nodes:
             vnode_started = time.perf_counter()
             with torch.no_grad():
                 for buffer, saved in zip(self.buffers, start_buffers, strict=True):
                     buffer.copy_(saved)
+            batch = self.loader.batch(step, k)
             # Randomness inside the model (dropout) depends on (seed, step, k) only.
             torch.manual_seed(derived_seed(config.seed, step, k, 1))
-            indices = virtual_node_indices(
-                seed=config.seed,
-                step=step,
-                virtual_node=k,
-                num_samples=len(self.spec.dataset),
-                global_batch_size=config.global_batch_size,
-                virtual_nodes=config.virtual_nodes,
-            )
             model.zero_grad(set_to_none=True)
-            loss = self.spec.loss_fn(model, self.spec.batch(indices))
-            loss.backward()  # type: ignore[no-untyped-call]
+            with self.update.autocast(self.device_type):
+                loss = self.spec.loss_fn(model, batch)
+            self.update.scale_loss(loss).backward()  # type: ignore[no-untyped-call]
             gradient = torch.cat(
                 [
                     (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
                     for p in self.params
                 ]
             )
+            unscaled = self.update.unscale(gradient)  # the row keeps the scaled gradient (fp16)
             parts = [gradient]
             parts += [b.detach().reshape(-1).to(self.dtype) for b in self.float_buffers]
             parts.append(loss.detach().reshape(1).to(self.dtype))
-            parts.append(gradient.dot(gradient).reshape(1))
+            parts.append(unscaled.dot(unscaled).reshape(1))
             rows[k] = torch.cat(parts)
             self._simulate_device(time.perf_counter() - vnode_started)
         model.zero_grad(set_to_none=True)
@@ -126,9 +163,44 @@ class VirtualNodeEngine:
             time.sleep(extra)
 
     # --- the reduced message ---------------------------------------------------------------------
-    def message_size(self, world_size: int) -> int:
-        rows = self.config.virtual_nodes if self.config.mode == "deterministic" else 1
-        return rows * self.row_size + world_size + 1
+    @property
+    def table_bytes(self) -> int:
+        """The size of a row table: V rows."""
+        return self.config.virtual_nodes * self.row_size * self.dtype.itemsize
+
+    @property
+    def method(self) -> str:
+        """How rows are combined: "sum" (fast mode), "table" or "exact" (deterministic mode, by size)."""
+        if self.config.mode != "deterministic":
+            return "sum"
+        return "table" if self.table_bytes <= self.config.row_table_limit else "exact"
+
+    def agreement(self, rows: dict[int, torch.Tensor]) -> torch.Tensor | None:
+        """Exact sums: this worker's share of the step's fixed-point grid (see :mod:`.exact`), to
+        all-reduce with MAX before ``pack``. None for the other methods, which need no agreement."""
+        if self.method != "exact":
+            return None
+        return exact.local_agreement(self.layout, [rows[k] for k in sorted(rows)])
+
+    def message_size(self, world_size: int, coded_values: int = 0) -> int:
+        """Values in the all-reduced message: V rows (table) or one row (sum; exact, as int64 grid
+        values plus ``coded_values`` non-finite counts of flagged buffer or loss blocks), then the tail."""
+        rows = self.config.virtual_nodes if self.method == "table" else 1
+        return rows * self.row_size + coded_values + world_size + 1
+
+    def message_bytes(self, world_size: int) -> int:
+        """Bytes all-reduced per step when every value is finite, the grid agreement included."""
+        if self.method != "exact":
+            return self.message_size(world_size) * self.dtype.itemsize
+        agreement = 2 * self.layout.num_blocks * torch.int32.itemsize
+        return self.message_size(world_size) * torch.int64.itemsize + agreement
+
+    def _coded_positions(self, agreement: torch.Tensor) -> torch.Tensor:
+        """Values whose non-finite counts travel: flagged blocks outside the gradient (a non-finite
+        gradient skips the step whatever its values, so its flag is all that is needed)."""
+        flagged = agreement[1] > 0
+        flagged[self._gradient_blocks.start : self._gradient_blocks.stop] = False
+        return self.layout.positions(flagged)
 
     def pack(
         self,
@@ -138,10 +210,15 @@ class VirtualNodeEngine:
         world_size: int,
         compute_seconds: float,
         leave: bool,
+        agreement: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """This worker's message. Exact sums need the MAX-reduced ``agreement`` (a lone worker may
+        omit it)."""
+        if self.method == "exact":
+            return self._pack_exact(rows, rank, world_size, compute_seconds, leave, agreement)
         message = torch.zeros(self.message_size(world_size), dtype=self.dtype)
-        row_area = message[: self.message_size(world_size) - world_size - 1]
-        if self.config.mode == "deterministic":
+        row_area = message[: message.numel() - world_size - 1]
+        if self.method == "table":
             table = row_area.view(self.config.virtual_nodes, self.row_size)
             for k, row in rows.items():
                 table[k].copy_(row)
@@ -153,6 +230,32 @@ class VirtualNodeEngine:
         tail[world_size] = 1.0 if leave else 0.0
         return message
 
+    def _pack_exact(
+        self,
+        rows: dict[int, torch.Tensor],
+        rank: int,
+        world_size: int,
+        compute_seconds: float,
+        leave: bool,
+        agreement: torch.Tensor | None,
+    ) -> torch.Tensor:
+        if agreement is None:
+            if world_size != 1:
+                raise ValueError("exact sums: all-reduce agreement(rows) with MAX and pass it to pack")
+            agreement = self.agreement(rows)
+            assert agreement is not None
+        self._agreement = agreement
+        ordered = [rows[k] for k in sorted(rows)]
+        positions = self._coded_positions(agreement)
+        message = torch.zeros(self.message_size(world_size, positions.numel()), dtype=torch.int64)
+        exact.encode(self.layout, ordered, agreement, self.config.virtual_nodes, out=message[: self.row_size])
+        message[self.row_size : self.row_size + positions.numel()] = exact.count_nonfinite(ordered, positions)
+        tail = message[self.row_size + positions.numel() :]
+        # A float's bits plus zeros from every other worker: the sum is that float, exactly.
+        tail[rank] = torch.tensor([compute_seconds], dtype=torch.float64).view(torch.int64)[0]
+        tail[world_size] = 1 if leave else 0
+        return message
+
     # --- the update ------------------------------------------------------------------------------
     def apply(self, message: torch.Tensor, world_size: int) -> StepResult:
         """Turn the all-reduced message into the step's update; identical on every worker."""
@@ -160,36 +263,62 @@ class VirtualNodeEngine:
         p, q = self.num_params, self.num_float_buffer_values
         gradient, buffer_values = mean[:p], mean[p : p + q]
         loss, small_sq_norm = float(mean[p + q]), float(mean[p + q + 1])
+        gradient = self.update.unscale(gradient)
         # Buffers may hold infinities by design (attention masks), so only the loss and gradient count.
-        skipped = not (math.isfinite(loss) and bool(torch.isfinite(gradient).all()))
-        self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
-        factor = None
-        if not skipped:
+        verdict = self.update.judge(loss, gradient)
+        self.nonfinite_streak = self.nonfinite_streak + 1 if verdict.counted else 0
+        factor = lr = grad_norm = None
+        if not verdict.skipped:
             self._set_gradient_and_buffers(gradient, buffer_values)
             factor = self._scale_learning_rate(small_sq_norm, float(gradient.dot(gradient)))
+            grad_norm = self.update.clip(self.params)
+            lr = float(self.spec.optimizer.param_groups[0]["lr"])
             self.spec.optimizer.step()
             self.spec.model.zero_grad(set_to_none=True)
+        self.base_lrs = self.update.schedule(self.base_lrs)
         return StepResult(
             loss=loss,
             compute_seconds=[float(t) for t in tail[:world_size]],
             leave_requested=bool(tail[world_size] > 0),
             lr_factor=factor,
-            skipped=skipped,
+            skipped=verdict.skipped,
+            overflow=verdict.overflow,
+            lr=lr,
+            grad_norm=grad_norm,
+            loss_scale=self.update.loss_scale,
         )
 
     def _unpack(self, message: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The mean row over the V virtual nodes, and the per-worker tail of the message."""
+        """The mean row over the V virtual nodes, and the per-worker tail of the message (compute
+        times, then the leave flag)."""
         v = self.config.virtual_nodes
-        row_count = v * self.row_size if self.config.mode == "deterministic" else self.row_size
-        if self.config.mode == "deterministic":
-            # Adding +0.0 turns -0.0 into +0.0, as a reduction over several workers does.
-            table = message[:row_count].view(v, self.row_size) + 0.0
-            total = table[0].clone()
-            for k in range(1, v):
-                total += table[k]
-        else:
-            total = message[:row_count].clone()
-        return total / v, message[row_count:]
+        if self.method == "exact":
+            return self._unpack_exact(message)
+        if self.method == "sum":
+            return message[: self.row_size].clone() / v, message[self.row_size :]
+        # Adding +0.0 turns -0.0 into +0.0, as a reduction over several workers does.
+        table = message[: v * self.row_size].view(v, self.row_size) + 0.0
+        total = table[0].clone()
+        for k in range(1, v):
+            total += table[k]
+        return total / v, message[v * self.row_size :]
+
+    def _unpack_exact(self, message: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        agreement = self._agreement
+        assert agreement is not None, "pack() sets the step's grid agreement"
+        positions = self._coded_positions(agreement)
+        mean = exact.decode_mean(self.layout, message[: self.row_size], agreement, self.config.virtual_nodes)
+        exact.restore_nonfinite(mean, positions, message[self.row_size : self.row_size + positions.numel()])
+        # A gradient block some virtual node had a NaN or an infinity in: its values are NaN (the step
+        # is skipped whatever they are, so their counts never travel).
+        flagged = agreement[1, self._gradient_blocks.start : self._gradient_blocks.stop] > 0
+        for piece in self.layout.pieces if bool(flagged.any()) else ():
+            if piece.first_block in self._gradient_blocks:
+                first = piece.first_block - self._gradient_blocks.start
+                self.layout.view(mean, piece)[flagged[first : first + piece.blocks]] = math.nan
+        bits = message[self.row_size + positions.numel() :]
+        tail = torch.cat([bits[:-1].view(torch.float64), bits[-1:].double()])
+        return mean.to(self.dtype), tail
 
     def _set_gradient_and_buffers(self, gradient: torch.Tensor, buffer_values: torch.Tensor) -> None:
         offset = 0

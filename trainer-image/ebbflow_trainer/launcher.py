@@ -32,7 +32,7 @@ def run(config: TrainerConfig) -> int:
     from ebbflow_trainer.agent import EbbflowAgent, FatalWorkerExit
     from ebbflow_trainer.preload import ENV_PRELOAD_SCRIPT
     from ebbflow_trainer.rendezvous import GenerationRendezvousHandler
-    from ebbflow_trainer.state import LEFT_MARKER
+    from ebbflow_trainer.state import LEFT_MARKER, TRAINING_MARKER
     from ebbflow_trainer.worker import run_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -49,8 +49,9 @@ def run(config: TrainerConfig) -> int:
 
     state_dir = Path(config.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    left_marker = state_dir / LEFT_MARKER
+    left_marker, training_marker = state_dir / LEFT_MARKER, state_dir / TRAINING_MARKER
     left_marker.unlink(missing_ok=True)
+    training_marker.unlink(missing_ok=True)
 
     handler = GenerationRendezvousHandler(config)
     spec = WorkerSpec(
@@ -67,8 +68,16 @@ def run(config: TrainerConfig) -> int:
         """The agent reads ``spec.args`` when it starts a world's workers, right after the round."""
         spec.args = (config.to_json(), generation)
         left_marker.unlink(missing_ok=True)
+        training_marker.unlink(missing_ok=True)
 
     handler.on_generation = start_generation
+
+    def leave_when_asked(signum: int, frame: object) -> None:
+        """Torch installs this only once workers start; a pod deleted during the first rendezvous
+        would otherwise die of the signal itself instead of leaving."""
+        raise SignalException(f"process {os.getpid()} got signal {signum}", sigval=signal.Signals(signum))
+
+    signal.signal(signal.SIGTERM, leave_when_asked)
     agent = EbbflowAgent(
         spec,
         logs_specs=DefaultLogsSpecs(),
@@ -81,7 +90,9 @@ def run(config: TrainerConfig) -> int:
         result = agent.run()
     except SignalException as signalled:
         handler.leave()
-        if signalled.sigval == signal.SIGTERM and left_marker.exists():
+        # Graceful: the worker finished its step and left, or no worker was inside a step.
+        graceful = left_marker.exists() or not training_marker.exists()
+        if signalled.sigval == signal.SIGTERM and graceful:
             return contract.EXIT_SUCCESS
         return 128 + int(signalled.sigval)
     except FatalWorkerExit as fatal:

@@ -50,6 +50,17 @@ NONFINITE_STEPS = Counter(
 STEPS_LOST = Counter(
     "ebbflow_trainer_steps_lost", "Completed steps that had to be trained again after a restart"
 )
+OVERFLOW_STEPS = Counter(
+    "ebbflow_trainer_overflow_steps",
+    "Steps skipped because the fp16 loss scale made the gradient overflow (the scale backed off)",
+)
+LOSS_SCALE = Gauge("ebbflow_trainer_loss_scale", "The fp16 dynamic loss scale for the next step")
+LEARNING_RATE = Gauge(
+    "ebbflow_trainer_learning_rate", "The learning rate of the last step (first parameter group)"
+)
+EVAL = Gauge(
+    "ebbflow_trainer_eval", "The training script's evaluation metrics at the last evaluation", ["metric"]
+)
 
 
 def serve(port: int) -> None:
@@ -73,8 +84,16 @@ class ProgressReporter:
         self.failures = 0  # reports that failed (each logged once); training went on regardless
 
     @staticmethod
-    def report(step: int, samples: int, loss: float | None, samples_per_second: float) -> dict[str, Any]:
-        values = (step, samples, loss, samples_per_second, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    def report(
+        step: int,
+        samples: int,
+        loss: float | None,
+        samples_per_second: float,
+        evaluation: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """``evaluation``: the last evaluation, ``{"step": s, "metrics": {name: finite number}}``."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        values = (step, samples, loss, samples_per_second, now, evaluation)
         return dict(zip(contract.PROGRESS_FIELDS, values, strict=True))
 
     def maybe_report(self, report: dict[str, Any], *, force: bool = False) -> None:

@@ -2,12 +2,14 @@
 
 A state is everything needed to continue the exact sample sequence: model, optimizer, the next step
 (which fixes the data position, see :mod:`ebbflow_trainer.sharding`), RNG states, the batch size the
-learning rate was tuned for, the gradient-noise estimates and the current run of skipped
-(non-finite) steps.
+learning rate was tuned for, the gradient-noise estimates, the current run of skipped
+(non-finite) steps, the LR scheduler and fp16 loss scale, the last evaluation and the training
+script's own ``extra_state``.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 import random
@@ -24,6 +26,10 @@ CHECKPOINT_FILE = "checkpoint.pt"
 # The worker writes this file in its state directory once it has left after SIGTERM; the launcher
 # reads it to exit 0 instead of restarting the worker.
 LEFT_MARKER = "left"
+# Present while this node's worker is inside a step: from the start of training until train() returns
+# at a step boundary with the state handed over or saved. A launcher SIGTERMed without it (between
+# worlds, in a rendezvous, after a re-form stop) loses nothing by leaving, so it exits 0 as well.
+TRAINING_MARKER = "training"
 
 
 def capture(engine: VirtualNodeEngine, step: int, last_step_wall_time: float) -> dict[str, Any]:
@@ -42,6 +48,9 @@ def capture(engine: VirtualNodeEngine, step: int, last_step_wall_time: float) ->
         "base_lrs": engine.base_lrs,
         "noise": vars(engine.noise).copy(),
         "nonfinite_streak": engine.nonfinite_streak,
+        "update": copy.deepcopy(engine.update.state_dict()),
+        "evaluation": copy.deepcopy(engine.evaluation.last),
+        "extra": _extra_state(engine),
         "virtual_nodes": engine.config.virtual_nodes,
         "global_batch_size": engine.config.global_batch_size,
         "seed": engine.config.seed,
@@ -60,6 +69,22 @@ def restore(engine: VirtualNodeEngine, state: dict[str, Any]) -> None:
     for name, value in state["noise"].items():
         setattr(engine.noise, name, value)
     engine.nonfinite_streak = int(state.get("nonfinite_streak", 0))
+    engine.update.load_state_dict(state.get("update", {}))
+    engine.evaluation.last = copy.deepcopy(state.get("evaluation"))
+    extra = engine.spec.extra_state
+    if extra is not None and state.get("extra") is not None:
+        extra[1](copy.deepcopy(state["extra"]))
+
+
+def _extra_state(engine: VirtualNodeEngine) -> dict[str, Any] | None:
+    """A copy of the script's own state (its dict may be live), or None when it keeps none."""
+    extra = engine.spec.extra_state
+    if extra is None:
+        return None
+    saved = extra[0]()
+    if not isinstance(saved, dict):
+        raise TypeError(f"TrainingSpec.extra_state's state_dict returned {type(saved).__name__}, not a dict")
+    return copy.deepcopy(saved)
 
 
 def to_bytes(state: dict[str, Any]) -> bytes:

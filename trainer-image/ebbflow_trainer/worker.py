@@ -178,20 +178,14 @@ class Worker:
         metrics.WORLD_SIZE.set(world.size)
         metrics.GENERATION.set(world.generation)
         self.leave.training = True
+        (self.state_dir / state.TRAINING_MARKER).touch()
         while self.step < self.total_steps:
             mine = ranges_from_counts(counts)[world.rank]
             started = time.time()
             with torch.random.fork_rng(devices=[]):
                 rows, compute_seconds = self.engine.compute_rows(self.step, mine)
-            message = self.engine.pack(
-                rows,
-                rank=world.rank,
-                world_size=world.size,
-                compute_seconds=compute_seconds,
-                leave=self.leave.requested,
-            )
             try:
-                dist.all_reduce(message)
+                message = self._reduce(rows, compute_seconds)
             except RuntimeError as error:
                 log.warning(
                     "step %s failed (%s); handing over the state of step %s", self.step, error, self.step
@@ -200,8 +194,6 @@ class Worker:
                 return EXIT_REFORM
             result = self.engine.apply(message, world.size)
             self.step += 1
-            if result.skipped:
-                metrics.NONFINITE_STEPS.inc()
             now = time.time()
             if first_step and self.source in ("memory", "peer"):
                 pause = now - self.last_step_wall_time
@@ -211,6 +203,7 @@ class Worker:
                 )
             first_step = False
             self.last_step_wall_time = now
+            self._evaluate()
             self._record_step(now - started, result, mine, compute_seconds)
             if self.engine.nonfinite_streak >= config.max_nonfinite_steps:
                 return self.stop_diverged()
@@ -232,6 +225,22 @@ class Worker:
         self.journal.write("done", step=self.step, generation=world.generation)
         return contract.EXIT_SUCCESS
 
+    def _reduce(self, rows: dict[int, torch.Tensor], compute_seconds: float) -> torch.Tensor:
+        """The step's all-reduced message; deterministic mode first agrees on its fixed-point grid."""
+        agreement = self.engine.agreement(rows)
+        if agreement is not None:
+            dist.all_reduce(agreement, op=dist.ReduceOp.MAX)
+        message = self.engine.pack(
+            rows,
+            rank=self.world.rank,
+            world_size=self.world.size,
+            compute_seconds=compute_seconds,
+            leave=self.leave.requested,
+            agreement=agreement,
+        )
+        dist.all_reduce(message)
+        return message
+
     def _record_step(
         self, seconds: float, result: StepResult, mine: list[int], compute_seconds: float
     ) -> None:
@@ -244,6 +253,7 @@ class Worker:
         metrics.VIRTUAL_NODES.set(len(mine))
         metrics.WORKER_SAMPLES.set(len(mine) * self.config.samples_per_virtual_node)
         metrics.LOSS.set(loss)
+        self._count_update(result)
         self.journal.write(
             "step",
             step=self.step,
@@ -254,15 +264,46 @@ class Worker:
             loss=loss,
             compute_seconds=compute_seconds,
             skipped=result.skipped,
+            overflow=result.overflow,
+            lr=result.lr,
+            grad_norm=result.grad_norm,
+            loss_scale=result.loss_scale,
         )
         if self.progress is not None:
             # JSON has no NaN: a skipped step reports no loss rather than an unparsable document.
             reported_loss = loss if math.isfinite(loss) else None
             report = self.progress.report(
-                self.step, self.step * samples, reported_loss, samples / max(seconds, 1e-9)
+                self.step,
+                self.step * samples,
+                reported_loss,
+                samples / max(seconds, 1e-9),
+                self.engine.evaluation.report(),
             )
             self.progress.maybe_report(report, force=self.step == self.total_steps)
             self._report_last_step()
+
+    @staticmethod
+    def _count_update(result: StepResult) -> None:
+        if result.overflow:
+            metrics.OVERFLOW_STEPS.inc()
+        elif result.skipped:
+            metrics.NONFINITE_STEPS.inc()
+        if result.lr is not None:
+            metrics.LEARNING_RATE.set(result.lr)
+        if result.loss_scale is not None:
+            metrics.LOSS_SCALE.set(result.loss_scale)
+
+    def _evaluate(self) -> None:
+        """The script's evaluation, on every worker, when this step is due (see :mod:`.evaluation`)."""
+        evaluation = self.engine.evaluation
+        if not evaluation.due(self.step, self.total_steps):
+            return
+        started = time.monotonic()
+        values = evaluation.run(self.step)
+        for name, value in values.items():
+            metrics.EVAL.labels(metric=name).set(value)
+        seconds = time.monotonic() - started
+        self.journal.write("eval", step=self.step, rank=self.world.rank, metrics=values, seconds=seconds)
 
     def _report_last_step(self, force: bool = False) -> None:
         """Rank 0 keeps the job's newest step in the store, so a restart can count the steps it lost."""
@@ -353,7 +394,13 @@ def _run(config: TrainerConfig, world: World, leave: LeaveSignal) -> int:
         except RuntimeError as error:
             log.warning("state agreement failed (%s); the world re-forms", error)
             return EXIT_REFORM
-        return worker.train()
+        try:
+            code = worker.train()
+            # Every return from train() is at a step boundary with the state handed over or saved.
+            (Path(config.state_dir) / state.TRAINING_MARKER).unlink(missing_ok=True)
+            return code
+        finally:
+            worker.engine.close()  # loader processes: run_worker may leave with os._exit
     except LeaveNow:
         (Path(config.state_dir) / state.LEFT_MARKER).touch()
         return contract.EXIT_SUCCESS

@@ -77,3 +77,12 @@ def test_adascale_needs_two_virtual_nodes_and_mode_must_be_known() -> None:
         _config(**one)
     with pytest.raises(ConfigError, match="--mode"):
         from_environment(VALID, spec="train.py", state_dir="/tmp/x", mode="sloppy")
+
+
+def test_the_row_table_limit_is_a_byte_count() -> None:
+    assert _config().row_table_limit == 2 << 20
+    assert (
+        from_environment(VALID, spec="train.py", state_dir="/tmp/x", row_table_limit=0).row_table_limit == 0
+    )
+    with pytest.raises(ConfigError, match="--row-table-limit"):
+        from_environment(VALID, spec="train.py", state_dir="/tmp/x", row_table_limit=-1)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from ebbflow_trainer import state
 from ebbflow_trainer.api import TrainingSpec
+from ebbflow_trainer.config import ROW_TABLE_LIMIT
 from ebbflow_trainer.engine import VirtualNodeEngine
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
 from torch.utils.data import TensorDataset
@@ -22,7 +23,11 @@ def _loss(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
     return F.cross_entropy(model(batch[0]), batch[1])
 
 
-def _engine(mode: str, lr_scaling: str = "none", base_batch_size: int | None = None) -> VirtualNodeEngine:
+def _engine(
+    mode: str, lr_scaling: str = "none", base_batch_size: int | None = None, virtual_nodes: int = V
+) -> VirtualNodeEngine:
+    """``mode`` "fast", "deterministic" (a model this small all-reduces one row per virtual node) or
+    "exact" (deterministic mode made to use exact sums)."""
     torch.manual_seed(0)
     data = torch.Generator().manual_seed(1)
     features, labels = torch.randn(96, 6, generator=data), torch.randint(0, 3, (96,), generator=data)
@@ -36,28 +41,52 @@ def _engine(mode: str, lr_scaling: str = "none", base_batch_size: int | None = N
         loss_fn=_loss,
     )
     config = trainer_config(
-        max_replicas=V,
-        virtual_nodes=V,
-        global_batch_size=B,
-        mode=mode,
+        max_replicas=virtual_nodes,
+        virtual_nodes=virtual_nodes,
+        global_batch_size=B // V * virtual_nodes,
+        mode="fast" if mode == "fast" else "deterministic",
+        row_table_limit=0 if mode == "exact" else ROW_TABLE_LIMIT,
         lr_scaling=lr_scaling,
         base_batch_size=base_batch_size,
     )
-    return VirtualNodeEngine(spec, config)
+    engine = VirtualNodeEngine(spec, config)
+    assert engine.method == {"fast": "sum", "deterministic": "table", "exact": "exact"}[mode]
+    return engine
 
 
-def _train(world_size: int, mode: str, steps: int, counts: list[int] | None = None) -> VirtualNodeEngine:
+Computed = tuple[dict[int, torch.Tensor], float]
+
+
+def _all_reduce(
+    workers: list[VirtualNodeEngine], computed: list[Computed], leave: bool = False
+) -> torch.Tensor:
+    """What a worker's collectives do: MAX over the grid agreements (exact sums), then a sum of the
+    messages. Rank 0 asks to leave when ``leave``."""
+    shares = [engine.agreement(rows) for engine, (rows, _) in zip(workers, computed, strict=True)]
+    agreement = None if shares[0] is None else torch.stack([s for s in shares if s is not None]).amax(0)
+    messages = [
+        engine.pack(
+            rows,
+            rank=rank,
+            world_size=len(workers),
+            compute_seconds=seconds,
+            leave=leave and rank == 0,
+            agreement=agreement,
+        )
+        for rank, (engine, (rows, seconds)) in enumerate(zip(workers, computed, strict=True))
+    ]
+    return torch.stack(messages).sum(0)
+
+
+def _train(
+    world_size: int, mode: str, steps: int, counts: list[int] | None = None, virtual_nodes: int = V
+) -> VirtualNodeEngine:
     """Run ``steps`` steps with ``world_size`` simulated workers, each holding its own model copy."""
-    workers = [_engine(mode) for _ in range(world_size)]
-    assignment = ranges_from_counts(counts or even_counts(V, world_size))
+    workers = [_engine(mode, virtual_nodes=virtual_nodes) for _ in range(world_size)]
+    assignment = ranges_from_counts(counts or even_counts(virtual_nodes, world_size))
     for step in range(steps):
-        messages = []
-        for rank, engine in enumerate(workers):
-            rows, seconds = engine.compute_rows(step, assignment[rank])
-            messages.append(
-                engine.pack(rows, rank=rank, world_size=world_size, compute_seconds=seconds, leave=False)
-            )
-        reduced = torch.stack(messages).sum(0)
+        computed = [engine.compute_rows(step, assignment[rank]) for rank, engine in enumerate(workers)]
+        reduced = _all_reduce(workers, computed)
         for engine in workers:
             engine.apply(reduced.clone(), world_size)
     return workers[0]
@@ -67,15 +96,35 @@ def _bits(engine: VirtualNodeEngine) -> list[torch.Tensor]:
     return [t.detach().clone() for t in engine.spec.model.state_dict().values()]
 
 
-def test_deterministic_steps_are_bitwise_identical_for_any_assignment() -> None:
-    reference = _bits(_train(1, "deterministic", 6))
-    for world_size, counts in [(2, None), (4, None), (2, [3, 1]), (3, [1, 1, 2])]:
-        ours = _bits(_train(world_size, "deterministic", 6, counts))
+@pytest.mark.parametrize("method", ["deterministic", "exact"])
+@pytest.mark.parametrize(
+    ("virtual_nodes", "assignments"),
+    [
+        (V, [(2, None), (4, None), (2, [3, 1]), (3, [1, 1, 2])]),
+        (
+            12,
+            [
+                *[(world_size, None) for world_size in (2, 3, 4, 6)],
+                (2, [11, 1]),
+                (3, [2, 7, 3]),
+                (4, [1, 2, 3, 6]),
+                (6, [5, 1, 1, 1, 3, 1]),
+            ],
+        ),
+    ],
+)
+def test_deterministic_steps_are_bitwise_identical_for_any_assignment(
+    method: str, virtual_nodes: int, assignments: list[tuple[int, list[int] | None]]
+) -> None:
+    reference = _bits(_train(1, method, 6, virtual_nodes=virtual_nodes))
+    for world_size, counts in assignments:
+        ours = _bits(_train(world_size, method, 6, counts, virtual_nodes=virtual_nodes))
         assert all(torch.equal(a, b) for a, b in zip(ours, reference, strict=True)), (world_size, counts)
 
 
-def test_batchnorm_statistics_are_the_mean_over_virtual_nodes() -> None:
-    engine = _engine("deterministic")
+@pytest.mark.parametrize("method", ["deterministic", "exact"])
+def test_batchnorm_statistics_are_the_mean_over_virtual_nodes(method: str) -> None:
+    engine = _engine(method)
     bn = engine.spec.model[1]
     assert isinstance(bn, torch.nn.BatchNorm1d)
     start = bn.running_mean.clone()
@@ -91,37 +140,101 @@ def test_batchnorm_statistics_are_the_mean_over_virtual_nodes() -> None:
     assert int(bn.num_batches_tracked) == 1
 
 
-def test_fast_mode_is_close_but_reduces_one_row() -> None:
-    fast, deterministic = _train(2, "fast", 6), _train(2, "deterministic", 6)
-    assert fast.message_size(2) == fast.row_size + 3
-    assert deterministic.message_size(2) == V * deterministic.row_size + 3
-    for a, b in zip(_bits(fast), _bits(deterministic), strict=True):
+def test_fast_mode_and_both_deterministic_methods_are_close() -> None:
+    fast, table, exact = _train(2, "fast", 6), _train(2, "deterministic", 6), _train(2, "exact", 6)
+    assert fast.message_size(2) == exact.message_size(2) == fast.row_size + 3
+    assert table.message_size(2) == V * table.row_size + 3
+    for a, b, c in zip(_bits(fast), _bits(table), _bits(exact), strict=True):
         assert torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6)
+        assert torch.allclose(c.double(), b.double(), rtol=1e-5, atol=1e-6)
 
 
-def test_the_message_carries_compute_times_and_the_leave_flag() -> None:
-    engine = _engine("deterministic")
-    rows, _ = engine.compute_rows(0, [0, 1])
-    mine = engine.pack(rows, rank=0, world_size=2, compute_seconds=0.25, leave=False)
-    rows, _ = engine.compute_rows(0, [2, 3])
-    theirs = engine.pack(rows, rank=1, world_size=2, compute_seconds=0.75, leave=True)
-    result = engine.apply(mine + theirs, 2)
-    assert result.compute_seconds == [0.25, 0.75]
+def _wide_engine(mode: str, virtual_nodes: int, row_table_limit: int = ROW_TABLE_LIMIT) -> VirtualNodeEngine:
+    """A model of 66 k parameters (17 gradient blocks) for traffic figures."""
+    model = torch.nn.Linear(256, 256)
+    data = TensorDataset(torch.randn(8, 256), torch.randint(0, 256, (8,)))
+    spec = TrainingSpec(
+        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), dataset=data, loss_fn=_loss
+    )
+    config = trainer_config(
+        max_replicas=virtual_nodes,
+        virtual_nodes=virtual_nodes,
+        global_batch_size=virtual_nodes,
+        mode=mode,
+        row_table_limit=row_table_limit,
+    )
+    return VirtualNodeEngine(spec, config)
+
+
+def test_deterministic_traffic_is_independent_of_v_and_twice_fast_mode() -> None:
+    """Exact sums: one int64 per value where fast mode sends one float32, plus 8 bytes per block of
+    4096 values for the grid agreement. The row table (V float32 rows) is chosen only while it is
+    at most ``row_table_limit`` bytes (2 MiB by default)."""
+    traffic = {}
+    for virtual_nodes in (4, 16, 64):
+        fast, deterministic = (
+            _wide_engine("fast", virtual_nodes),
+            _wide_engine("deterministic", virtual_nodes, row_table_limit=0),
+        )
+        assert deterministic.method == "exact"
+        assert deterministic.message_size(2) == fast.message_size(2) == fast.row_size + 3
+        header = 8 * deterministic.layout.num_blocks
+        assert deterministic.message_bytes(2) == 2 * fast.message_bytes(2) + header
+        assert deterministic.message_bytes(2) <= 2 * fast.message_bytes(2) * 1.001
+        assert deterministic.message_bytes(2) < virtual_nodes * fast.row_size * 4
+        traffic[virtual_nodes] = deterministic.message_bytes(2)
+        table_bytes = virtual_nodes * fast.row_size * 4
+        automatic = _wide_engine("deterministic", virtual_nodes)
+        assert automatic.method == ("table" if table_bytes <= ROW_TABLE_LIMIT else "exact")
+        assert automatic.message_bytes(2) <= max(ROW_TABLE_LIMIT + 12, deterministic.message_bytes(2))
+    assert len(set(traffic.values())) == 1, traffic
+
+
+def test_infinite_buffer_values_average_like_floats_and_do_not_skip_the_step() -> None:
+    """Buffers may hold infinities by design (attention masks): they travel beside the grid."""
+    engine = _engine("exact")
+    rows = engine.compute_rows(0, list(range(V)))[0]
+    at = engine.num_params  # the BatchNorm's running mean
+    rows[0][at], rows[1][at] = -math.inf, -math.inf
+    rows[2][at + 1], rows[3][at + 1] = math.inf, -math.inf
+    rows[1][at + 2] = math.nan
+    rows[3][at + 3] = math.inf
+    computed = [({k: rows[k] for k in (0, 3)}, 1.0), ({k: rows[k] for k in (1, 2)}, 1.0)]
+    result = engine.apply(_all_reduce([engine, engine], computed), 2)
+    assert not result.skipped and math.isfinite(result.loss)
+    bn = engine.spec.model[1]
+    assert isinstance(bn, torch.nn.BatchNorm1d)
+    mean = bn.running_mean
+    assert float(mean[0]) == -math.inf and math.isnan(mean[1]) and math.isnan(mean[2])
+    assert float(mean[3]) == math.inf and bool(torch.isfinite(mean[4:]).all())
+
+
+@pytest.mark.parametrize("mode", ["deterministic", "exact", "fast"])
+def test_the_message_carries_compute_times_and_the_leave_flag(mode: str) -> None:
+    engine = _engine(mode)
+    # Exact sums carry a float64's bits (any time comes back exactly), the others the parameters' dtype.
+    late = 0.1 + 0.2 if mode == "exact" else 0.75
+    computed = [(engine.compute_rows(0, [0, 1])[0], 0.25), (engine.compute_rows(0, [2, 3])[0], late)]
+    result = engine.apply(_all_reduce([engine, engine], computed, leave=True), 2)
+    assert result.compute_seconds == [0.25, late]
     assert result.leave_requested
+    result = engine.apply(_all_reduce([engine, engine], computed), 2)
+    assert not result.leave_requested
 
 
-def test_a_restored_state_continues_the_exact_sequence() -> None:
-    straight = _engine("deterministic")
+@pytest.mark.parametrize("mode", ["deterministic", "exact"])
+def test_a_restored_state_continues_the_exact_sequence(mode: str) -> None:
+    straight = _engine(mode)
     for step in range(6):
         rows, _ = straight.compute_rows(step, list(range(V)))
         straight.apply(straight.pack(rows, rank=0, world_size=1, compute_seconds=1.0, leave=False), 1)
 
-    first = _engine("deterministic")
+    first = _engine(mode)
     for step in range(3):
         rows, _ = first.compute_rows(step, list(range(V)))
         first.apply(first.pack(rows, rank=0, world_size=1, compute_seconds=1.0, leave=False), 1)
     saved = state.to_bytes(state.capture(first, 3, 0.0))
-    resumed = _engine("deterministic")
+    resumed = _engine(mode)
     restored = state.from_bytes(saved)
     state.restore(resumed, restored)
     for step in range(restored["step"], 6):
@@ -146,7 +259,7 @@ def _snapshot(engine: VirtualNodeEngine) -> list[torch.Tensor]:
     return [t.detach().clone() for t in [*_bits(engine), *optimizer_state]]
 
 
-@pytest.mark.parametrize("mode", ["deterministic", "fast"])
+@pytest.mark.parametrize("mode", ["deterministic", "exact", "fast"])
 @pytest.mark.parametrize(
     "poison",
     [
@@ -177,8 +290,9 @@ def test_a_non_finite_step_changes_nothing_and_the_streak_counts_it(mode: str, p
     assert not all(torch.equal(a, b) for a, b in zip(_snapshot(engine), before, strict=True))
 
 
-def test_a_non_finite_loss_alone_skips_the_step() -> None:
-    engine = _engine("deterministic")
+@pytest.mark.parametrize("mode", ["deterministic", "exact"])
+def test_a_non_finite_loss_alone_skips_the_step(mode: str) -> None:
+    engine = _engine(mode)
     rows, _ = engine.compute_rows(0, list(range(V)))
     loss_at = engine.num_params + engine.num_float_buffer_values
     rows[2][loss_at] = float("nan")

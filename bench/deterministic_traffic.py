@@ -1,0 +1,203 @@
+"""Deterministic mode's traffic and speed against fast mode, measured in the same run.
+
+One process per worker (``--workers``, default 2), gloo on CPU, one torch thread each. For each model
+and V in (4, 16, 64) with B = 4·V, each mode trains ``--steps`` timed steps after a warm-up step:
+
+- ``fast``: each worker sums its rows in float, one row of float32 is all-reduced;
+- ``exact``: deterministic mode's exact sums (``ebbflow_trainer.exact``): a MAX all-reduce of the grid
+  agreement, then one row of int64;
+- ``table``: deterministic mode's row table, one float32 row per virtual node (the only method before
+  exact sums; deterministic mode still uses it while the V rows take at most ``--row-table-limit``).
+
+The ``default`` column says which of the two deterministic methods the default limit (2 MiB) picks.
+
+Reported per step: bytes all-reduced, seconds (median), the part spent after every worker computed its
+gradients (agreement, encoding, all-reduce, decoding and the optimizer step: "exchange"), samples/s,
+and each mode's ratios to fast mode (``/ fast``). A JSON copy goes to
+``bench/results/deterministic_traffic.json``.
+
+    .venv/bin/python bench/deterministic_traffic.py [--workers 2] [--steps 5] [--models small,medium,large]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from ebbflow_trainer.api import TrainingSpec
+from ebbflow_trainer.config import ROW_TABLE_LIMIT, TrainerConfig
+from ebbflow_trainer.engine import VirtualNodeEngine
+from ebbflow_trainer.sharding import even_counts, ranges_from_counts
+from torch.utils.data import TensorDataset
+
+RESULTS = Path(__file__).resolve().parent / "results" / "deterministic_traffic.json"
+MODES = ("fast", "exact", "table")
+VIRTUAL_NODES = (4, 16, 64)
+SAMPLES_PER_VIRTUAL_NODE = 4
+# small: the digits example's BatchNorm MLP (4.9 k parameters); medium: 69 k; large: 3.2 M.
+MODELS = {"small": (64, [64], 10), "medium": (256, [256], 10), "large": (1024, [1024, 1024], 1024)}
+
+
+def _spec(name: str) -> TrainingSpec:
+    inputs, hidden, classes = MODELS[name]
+    layers: list[torch.nn.Module] = []
+    width = inputs
+    for size in hidden:
+        layers += [torch.nn.Linear(width, size), torch.nn.BatchNorm1d(size), torch.nn.ReLU()]
+        width = size
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, classes))
+    data = torch.Generator().manual_seed(1)
+    samples = SAMPLES_PER_VIRTUAL_NODE * max(VIRTUAL_NODES)
+    dataset = TensorDataset(
+        torch.randn(samples, inputs, generator=data), torch.randint(0, classes, (samples,), generator=data)
+    )
+    return TrainingSpec(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+        dataset=dataset,
+        loss_fn=lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]),
+    )
+
+
+def _engine(model: str, virtual_nodes: int, mode: str, world_size: int) -> VirtualNodeEngine:
+    torch.manual_seed(0)
+    config = TrainerConfig(
+        spec="bench",
+        rdzv_endpoint="127.0.0.1:1",
+        rdzv_id="bench",
+        min_replicas=world_size,
+        max_replicas=world_size,
+        virtual_nodes=virtual_nodes,
+        global_batch_size=SAMPLES_PER_VIRTUAL_NODE * virtual_nodes,
+        mode="fast" if mode == "fast" else "deterministic",
+        row_table_limit=2**62 if mode == "table" else 0,
+    )
+    engine = VirtualNodeEngine(_spec(model), config)
+    assert engine.method == {"fast": "sum", "exact": "exact", "table": "table"}[mode]
+    return engine
+
+
+def _exchange(engine: VirtualNodeEngine, rows: dict[int, torch.Tensor], seconds: float) -> torch.Tensor:
+    """What ``Worker._reduce`` does."""
+    agreement = engine.agreement(rows)
+    if agreement is not None:
+        dist.all_reduce(agreement, op=dist.ReduceOp.MAX)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    message = engine.pack(
+        rows, rank=rank, world_size=world_size, compute_seconds=seconds, leave=False, agreement=agreement
+    )
+    dist.all_reduce(message)
+    return message
+
+
+def _measure(model: str, virtual_nodes: int, mode: str, steps: int) -> dict[str, Any]:
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    engine = _engine(model, virtual_nodes, mode, world_size)
+    mine = ranges_from_counts(even_counts(virtual_nodes, world_size))[rank]
+    step_seconds, exchange_seconds = [], []
+    for step in range(steps + 1):
+        dist.barrier()
+        started = time.perf_counter()
+        rows, seconds = engine.compute_rows(step, mine)
+        dist.barrier()  # the exchange's time without waiting for a slower peer's compute
+        computed = time.perf_counter()
+        engine.apply(_exchange(engine, rows, seconds), world_size)
+        done = time.perf_counter()
+        if step > 0:  # the first step warms up allocations and gloo's buffers
+            step_seconds.append(done - started)
+            exchange_seconds.append(done - computed)
+        del rows
+    engine.close()
+    median = statistics.median(step_seconds)
+    return {
+        "model": model,
+        "parameters": engine.num_params,
+        "virtual_nodes": virtual_nodes,
+        "mode": mode,
+        "bytes_per_step": engine.message_bytes(world_size),
+        "default": mode == ("table" if engine.table_bytes <= ROW_TABLE_LIMIT else "exact"),
+        "step_seconds": median,
+        "exchange_seconds": statistics.median(exchange_seconds),
+        "samples_per_second": engine.config.global_batch_size / median,
+    }
+
+
+def _worker(rank: int, world_size: int, port: int, args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    results = [
+        _measure(model, virtual_nodes, mode, args.steps * (1 if model == "large" else 5))
+        for model in args.models.split(",")
+        for virtual_nodes in VIRTUAL_NODES
+        for mode in MODES
+    ]
+    if rank == 0:
+        RESULTS.parent.mkdir(exist_ok=True)
+        RESULTS.write_text(json.dumps({"workers": world_size, "steps": args.steps, "results": results}))
+    dist.destroy_process_group()
+
+
+def _table(results: list[dict[str, Any]]) -> str:
+    fast = {(r["model"], r["virtual_nodes"]): r for r in results if r["mode"] == "fast"}
+    lines = [
+        "| model (params) | V | mode | default | MB/step | / fast | s/step | exchange s | samples/s "
+        "| / fast |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        base = fast[(r["model"], r["virtual_nodes"])]
+        lines.append(
+            f"| {r['model']} ({r['parameters'] / 1e6:.3g} M) | {r['virtual_nodes']} | {r['mode']} "
+            f"| {'yes' if r['default'] else ''} "
+            f"| {r['bytes_per_step'] / 1e6:.3g} | {r['bytes_per_step'] / base['bytes_per_step']:.3f} "
+            f"| {r['step_seconds']:.4f} | {r['exchange_seconds']:.4f} | {r['samples_per_second']:.0f} "
+            f"| {r['samples_per_second'] / base['samples_per_second']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--models", default="small,medium,large")
+    parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank is not None:
+        _worker(args.rank, args.workers, args.port, args)
+        return
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, __file__, "--workers", str(args.workers), "--steps", str(args.steps)]
+    command += ["--models", args.models, "--port", str(port)]
+    workers = [subprocess.Popen([*command, "--rank", str(rank)], env=env) for rank in range(args.workers)]
+    codes = [w.wait() for w in workers]
+    if any(codes):
+        raise SystemExit(f"workers exited with {codes}")
+    report = json.loads(RESULTS.read_text())
+    steps = f"median of {args.steps} steps (5x as many for small and medium)"
+    print(f"{args.workers} workers, gloo on CPU, {steps}, B = 4·V")
+    print(_table(report["results"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Virtual-node batches, built in the training process or ahead of time by background loader processes.
+
+A batch is ``spec.batch(indices)`` for the indices :func:`sharding.virtual_node_indices` assigns to
+(step, virtual node), built with torch's RNG seeded by (seed, step, virtual node), so random
+transforms in the dataset draw the same numbers wherever and whenever the batch is built:
+``loader_workers`` changes how fast batches are ready, never what they contain.
+
+With ``loader_workers > 0`` a ``torch.utils.data.DataLoader`` builds them: :class:`VirtualNodePlan`
+(its sampler) yields, for every step from a starting one, this worker's virtual nodes' keys in the
+order the engine consumes them, and the loader processes keep ``prefetch`` batches each ready, so the
+next virtual node's batch is waiting when the current one finishes. The plan assumes the assignment
+stays as it is; when it changes (dynamic batching) the loader restarts from the new assignment and
+drops what it had built ahead. The loader processes are forked from the worker (the script's module
+exists only there, so they cannot be spawned), persist for the worker's life (one world) and are
+shut down by :meth:`VirtualNodeLoader.close`; a loader process whose worker died exits on its own
+(torch's watchdog).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from ebbflow_trainer.api import TrainingSpec
+from ebbflow_trainer.config import TrainerConfig
+from ebbflow_trainer.sharding import derived_seed, virtual_node_indices
+
+BatchKey = tuple[int, int, torch.Tensor]  # (step, virtual node, sample indices)
+BATCH_RNG_STREAM = 2  # derived_seed(seed, step, k, 1) seeds the model's own randomness (dropout)
+
+
+def build_batch(spec: TrainingSpec, seed: int, step: int, virtual_node: int, indices: torch.Tensor) -> Any:
+    """``spec.batch(indices)`` with torch's RNG seeded by (seed, step, virtual node), then restored."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derived_seed(seed, step, virtual_node, BATCH_RNG_STREAM))
+        return spec.batch(indices)
+
+
+class VirtualNodePlan(Sampler[BatchKey]):
+    """Keys of this worker's virtual-node batches, step after step from ``start``: the loader's sampler."""
+
+    def __init__(self, config: TrainerConfig, num_samples: int):
+        self.config = config
+        self.num_samples = num_samples
+        self.start = 0
+        self.virtual_nodes: list[int] = []
+
+    def indices(self, step: int, virtual_node: int) -> torch.Tensor:
+        config = self.config
+        return virtual_node_indices(
+            seed=config.seed,
+            step=step,
+            virtual_node=virtual_node,
+            num_samples=self.num_samples,
+            global_batch_size=config.global_batch_size,
+            virtual_nodes=config.virtual_nodes,
+        )
+
+    def restart(self, step: int, virtual_nodes: list[int]) -> None:
+        self.start, self.virtual_nodes = step, list(virtual_nodes)
+
+    def __iter__(self) -> Iterator[BatchKey]:
+        step, virtual_nodes = self.start, list(self.virtual_nodes)
+        while True:  # the training loop stops asking; the loader never runs out
+            for k in virtual_nodes:
+                yield step, k, self.indices(step, k)
+            step += 1
+
+
+class _Batches(Dataset[tuple[int, int, Any]]):
+    """What a loader process computes for one key: the key and its batch."""
+
+    def __init__(self, spec: TrainingSpec, seed: int):
+        self.spec = spec
+        self.seed = seed
+
+    def __getitem__(self, key: BatchKey) -> tuple[int, int, Any]:
+        step, k, indices = key
+        return step, k, build_batch(self.spec, self.seed, step, k, indices)
+
+
+def _as_is(item: Any) -> Any:
+    return item
+
+
+class VirtualNodeLoader:
+    """Hands the engine each of its virtual nodes' batches, in-process or from loader processes."""
+
+    def __init__(self, spec: TrainingSpec, config: TrainerConfig, *, pin_memory: bool = False):
+        self.spec = spec
+        self.config = config
+        self.plan = VirtualNodePlan(config, len(spec.dataset))
+        self.pin_memory = pin_memory
+        self._loader: DataLoader[Any] | None = None
+        self._batches: Iterator[tuple[int, int, Any]] | None = None
+        self._expected: tuple[int, list[int]] | None = None  # the (step, virtual nodes) the loader is on
+        self.restarts = 0
+
+    def prepare(self, step: int, virtual_nodes: list[int]) -> None:
+        """Announce the step about to be computed; restarts the loader if it was building others."""
+        if self.spec.loader_workers == 0 or self._expected == (step, virtual_nodes):
+            return
+        self.plan.restart(step, virtual_nodes)
+        self._batches = iter(self._data_loader())  # a persistent loader drops what it built ahead
+        self.restarts += 1
+        self._expected = (step, list(virtual_nodes))
+
+    def batch(self, step: int, virtual_node: int) -> Any:
+        """The batch of ``virtual_node`` at ``step`` (after :meth:`prepare` for that step)."""
+        if self._batches is None:
+            indices = self.plan.indices(step, virtual_node)
+            return build_batch(self.spec, self.config.seed, step, virtual_node, indices)
+        got_step, got_node, batch = next(self._batches)
+        if (got_step, got_node) != (step, virtual_node):
+            raise RuntimeError(
+                f"loader out of order: built step {got_step} virtual node {got_node}, "
+                f"expected step {step} virtual node {virtual_node}"
+            )
+        assert self._expected is not None
+        nodes = self._expected[1]
+        if virtual_node == nodes[-1]:
+            self._expected = (step + 1, nodes)
+        return batch
+
+    def _data_loader(self) -> DataLoader[Any]:
+        if self._loader is None:
+            # Its own generator: creating the loader must not draw from the training RNG.
+            generator = torch.Generator().manual_seed(derived_seed(self.config.seed, BATCH_RNG_STREAM))
+            self._loader = DataLoader(
+                _Batches(self.spec, self.config.seed),
+                sampler=self.plan,
+                batch_size=None,
+                collate_fn=_as_is,
+                num_workers=self.spec.loader_workers,
+                prefetch_factor=self.spec.prefetch,
+                persistent_workers=True,
+                multiprocessing_context="fork",
+                pin_memory=self.pin_memory,
+                generator=generator,
+            )
+        return self._loader
+
+    def close(self) -> None:
+        """Stop the loader processes (the worker may leave with os._exit, which would skip it)."""
+        shutdown = getattr(self._batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        self._batches = self._loader = None
+        self._expected = None
