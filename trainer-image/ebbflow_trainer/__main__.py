@@ -30,6 +30,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("spec", help="training script: path/to/train.py[:build] or package.module[:build]")
     run.add_argument("--mode", default="deterministic", help="deterministic (bitwise) or fast (all-reduce)")
     run.add_argument(
+        "--nproc-per-node",
+        type=int,
+        help="training processes in this pod, one per GPU (default: the GPUs visible, else 1); "
+        "every pod of a job must run the same number",
+    )
+    run.add_argument(
+        "--backend",
+        default="auto",
+        help="collective backend: auto (nccl with CUDA, else gloo), nccl or gloo",
+    )
+    run.add_argument(
         "--row-table-limit",
         type=int,
         default=argparse.SUPPRESS,  # TrainerConfig's default (2 MiB)

@@ -30,6 +30,8 @@ from ebbflow_api.models import (
 from pydantic import ValidationError
 
 MODES = ("deterministic", "fast")
+# Collective backends: auto is nccl when CUDA is available, else gloo (see worker.resolve_backend).
+BACKENDS = ("auto", "nccl", "gloo")
 ROW_TABLE_LIMIT = 2 << 20  # bytes: the measured crossover lies between 1.3 and 4.4 MB (bench/README.md)
 DEFAULT_JOIN_TIMEOUT = RendezvousSpec().join_timeout_seconds
 DEFAULT_MAX_NONFINITE_STEPS: int = ElasticTrainingJobSpec.model_fields["max_non_finite_steps"].default
@@ -62,6 +64,9 @@ class TrainerConfig:
     batching: str = Batching.STATIC.value
     lr_scaling: str = LrScaling.NONE.value
     mode: str = "deterministic"
+    # Training processes per pod, all members of the same elastic world (one per visible GPU by default).
+    nproc_per_node: int = 1
+    backend: str = "auto"
     # Deterministic mode all-reduces one row per virtual node while those V rows take at most this many
     # bytes, exact sums above (engine.VirtualNodeEngine.method); 0 always uses exact sums.
     row_table_limit: int = ROW_TABLE_LIMIT
@@ -127,8 +132,20 @@ def _env_int(env: Mapping[str, str], name: str, default: int | None = None) -> i
         raise ConfigError(f"{name}={raw!r} is not an integer: set it to a whole number.") from None
 
 
-def from_environment(env: Mapping[str, str], **flags: object) -> TrainerConfig:
-    """Build and validate the configuration from the contract's variables and the launcher's flags."""
+def visible_gpus() -> int:
+    """CUDA devices this container sees (the pod's nvidia.com/gpu limit), 0 without CUDA."""
+    import torch  # lazily: parsing the command line must not load torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def from_environment(env: Mapping[str, str], *, gpus: int | None = None, **flags: object) -> TrainerConfig:
+    """Build and validate the configuration from the contract's variables and the launcher's flags.
+    ``gpus``: the CUDA devices visible (default: asked of torch); it defaults ``nproc_per_node``."""
+    if gpus is None:
+        gpus = visible_gpus()
+    if flags.get("nproc_per_node") is None:
+        flags["nproc_per_node"] = max(1, gpus)
     endpoint = env.get(contract.ENV_RDZV_ENDPOINT, "")
     state_dir = str(flags.pop("state_dir", "") or "")
     if flags.get("join_timeout") is None:
@@ -163,6 +180,7 @@ def from_environment(env: Mapping[str, str], **flags: object) -> TrainerConfig:
         **flags,  # type: ignore[arg-type]
     )
     validate(config)
+    check_devices(config, gpus)
     return config
 
 
@@ -185,6 +203,7 @@ def validate(config: TrainerConfig) -> None:
             "recreated job never joins an old rendezvous round."
         )
     _check_shape(config)
+    _check_processes(config)
     if config.mode not in MODES:
         raise ConfigError(f"--mode={config.mode!r} must be one of {MODES}.")
     if config.row_table_limit < 0:
@@ -210,6 +229,35 @@ def validate(config: TrainerConfig) -> None:
         )
     if config.slowdown < 1:
         raise ConfigError(f"--slowdown={config.slowdown} must be at least 1.")
+
+
+def _check_processes(config: TrainerConfig) -> None:
+    """Every training process of the largest world needs a virtual node: V >= max replicas x N."""
+    n = config.nproc_per_node
+    if n < 1:
+        raise ConfigError(f"--nproc-per-node={n} must be at least 1.")
+    if config.backend not in BACKENDS:
+        raise ConfigError(f"--backend={config.backend!r} must be one of {BACKENDS}.")
+    processes = config.max_replicas * n
+    if config.virtual_nodes < processes:
+        raise ConfigError(
+            f"{contract.ENV_VIRTUAL_NODES}={config.virtual_nodes} (spec.virtualNodes) is below "
+            f"{contract.ENV_MAX_REPLICAS}={config.max_replicas} x --nproc-per-node={n} = {processes} "
+            "training processes: every process needs a virtual node. Raise spec.virtualNodes to at least "
+            f"{processes} (a divisor of spec.globalBatchSize), or lower spec.replicas.max or "
+            "--nproc-per-node."
+        )
+
+
+def check_devices(config: TrainerConfig, gpus: int) -> None:
+    """With CUDA each process takes one GPU (cuda:LOCAL_RANK); nccl needs them."""
+    if config.backend == "nccl" and gpus == 0:
+        raise ConfigError("--backend=nccl needs CUDA GPUs, and none is visible: use --backend gloo or auto.")
+    if gpus and config.nproc_per_node > gpus:
+        raise ConfigError(
+            f"--nproc-per-node={config.nproc_per_node} exceeds the {gpus} GPUs visible to this container: "
+            "each process uses one GPU; lower it or raise the worker's nvidia.com/gpu limit."
+        )
 
 
 def _check_shape(config: TrainerConfig) -> None:

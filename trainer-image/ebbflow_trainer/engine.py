@@ -50,6 +50,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -79,7 +80,11 @@ class StepResult:
 class VirtualNodeEngine:
     """Computes virtual-node gradients and applies the combined update to the model and optimizer."""
 
-    def __init__(self, spec: TrainingSpec, config: TrainerConfig):
+    def __init__(
+        self, spec: TrainingSpec, config: TrainerConfig, *, message_device: torch.device | None = None
+    ):
+        """The model must already be on its device. ``message_device``: where the reduced message lives
+        (the model's GPU for nccl, which cannot reduce CPU tensors; the CPU, the default, for gloo)."""
         self.spec = spec
         self.config = config
         self.params = [p for p in spec.model.parameters() if p.requires_grad]
@@ -103,7 +108,9 @@ class VirtualNodeEngine:
         self.noise = GradientNoiseScale()
         self.nonfinite_streak = 0
         self._advanced_buffers: list[torch.Tensor] = []
-        self.device_type = self.params[0].device.type
+        self.device = self.params[0].device
+        self.device_type = self.device.type
+        self.message_device = message_device or torch.device("cpu")
         self.update = OptimizerStep(spec)
         self.evaluation = Evaluation(spec, lambda: self.update.autocast(self.device_type))
         pin = self.device_type == "cuda" and torch.cuda.is_available()
@@ -127,7 +134,7 @@ class VirtualNodeEngine:
             with torch.no_grad():
                 for buffer, saved in zip(self.buffers, start_buffers, strict=True):
                     buffer.copy_(saved)
-            batch = self.loader.batch(step, k)
+            batch = to_device(self.loader.batch(step, k), self.device)
             # Randomness inside the model (dropout) depends on (seed, step, k) only.
             torch.manual_seed(derived_seed(config.seed, step, k, 1))
             model.zero_grad(set_to_none=True)
@@ -216,7 +223,7 @@ class VirtualNodeEngine:
         omit it)."""
         if self.method == "exact":
             return self._pack_exact(rows, rank, world_size, compute_seconds, leave, agreement)
-        message = torch.zeros(self.message_size(world_size), dtype=self.dtype)
+        message = torch.zeros(self.message_size(world_size), dtype=self.dtype, device=self.message_device)
         row_area = message[: message.numel() - world_size - 1]
         if self.method == "table":
             table = row_area.view(self.config.virtual_nodes, self.row_size)
@@ -224,7 +231,7 @@ class VirtualNodeEngine:
                 table[k].copy_(row)
         else:
             for k in sorted(rows):
-                row_area += rows[k]
+                row_area += rows[k].to(message.device)
         tail = message[row_area.numel() :]
         tail[rank] = compute_seconds
         tail[world_size] = 1.0 if leave else 0.0
@@ -244,15 +251,18 @@ class VirtualNodeEngine:
                 raise ValueError("exact sums: all-reduce agreement(rows) with MAX and pass it to pack")
             agreement = self.agreement(rows)
             assert agreement is not None
+        agreement = agreement.cpu()  # reduced on the message's device; a few bytes per block
         self._agreement = agreement
         ordered = [rows[k] for k in sorted(rows)]
         positions = self._coded_positions(agreement)
-        message = torch.zeros(self.message_size(world_size, positions.numel()), dtype=torch.int64)
+        size = self.message_size(world_size, positions.numel())
+        message = torch.zeros(size, dtype=torch.int64, device=self.message_device)
         exact.encode(self.layout, ordered, agreement, self.config.virtual_nodes, out=message[: self.row_size])
-        message[self.row_size : self.row_size + positions.numel()] = exact.count_nonfinite(ordered, positions)
+        counts = exact.count_nonfinite(ordered, positions)
+        message[self.row_size : self.row_size + positions.numel()] = counts.to(message.device)
         tail = message[self.row_size + positions.numel() :]
         # A float's bits plus zeros from every other worker: the sum is that float, exactly.
-        tail[rank] = torch.tensor([compute_seconds], dtype=torch.float64).view(torch.int64)[0]
+        tail[rank] = int(torch.tensor([compute_seconds], dtype=torch.float64).view(torch.int64)[0])
         tail[world_size] = 1 if leave else 0
         return message
 
@@ -260,6 +270,7 @@ class VirtualNodeEngine:
     def apply(self, message: torch.Tensor, world_size: int) -> StepResult:
         """Turn the all-reduced message into the step's update; identical on every worker."""
         mean, tail = self._unpack(message)
+        mean, tail = mean.to(self.device), tail.cpu()  # gloo reduces on the CPU, nccl on the GPU
         p, q = self.num_params, self.num_float_buffer_values
         gradient, buffer_values = mean[:p], mean[p : p + q]
         loss, small_sq_norm = float(mean[p + q]), float(mean[p + q + 1])
@@ -315,7 +326,8 @@ class VirtualNodeEngine:
         for piece in self.layout.pieces if bool(flagged.any()) else ():
             if piece.first_block in self._gradient_blocks:
                 first = piece.first_block - self._gradient_blocks.start
-                self.layout.view(mean, piece)[flagged[first : first + piece.blocks]] = math.nan
+                blocks = flagged[first : first + piece.blocks].to(mean.device)
+                self.layout.view(mean, piece)[blocks] = math.nan
         bits = message[self.row_size + positions.numel() :]
         tail = torch.cat([bits[:-1].view(torch.float64), bits[-1:].double()])
         return mean.to(self.dtype), tail
@@ -353,3 +365,19 @@ class VirtualNodeEngine:
         for group, base_lr in zip(self.spec.optimizer.param_groups, self.base_lrs, strict=True):
             group["lr"] = base_lr * factor
         return factor
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` (tensors, possibly in dicts, lists and tuples) on ``device``; pinned memory copies
+    asynchronously. Anything else passes as it is."""
+    if device.type == "cpu":
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return type(batch)({key: to_device(value, device) for key, value in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(to_device(value, device) for value in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(to_device(value, device) for value in batch)
+    return batch

@@ -1,12 +1,14 @@
-"""``ebbflow-train run``: one torch elastic agent per worker pod, one training process under it.
+"""``ebbflow-train run``: one torch elastic agent per worker pod, ``--nproc-per-node`` training processes
+under it (one per GPU), all members of the same elastic world.
 
 The agent joins the job's c10d rendezvous (served by the rendezvous pod), restarts its worker when the
 world changes (a node died, left, or is waiting to join) and never closes the rendezvous: a pod that
 leaves must not end the job for the others (pytorch/pytorch#67742).
 
-SIGTERM (pod deletion) reaches the agent, which forwards it to the worker; the worker finishes its
-step, hands its state over and exits 0, and the agent exits 0 once the worker has left. A worker exit
-that no restart can cure (``contract.FATAL_EXIT_REASONS``) becomes the launcher's exit code.
+SIGTERM (pod deletion) reaches the agent, which forwards it to the workers; each finishes its step,
+hands its state over and exits 0, and the agent exits 0 once they have left (or none was inside a
+step). A worker exit that no restart can cure (``contract.FATAL_EXIT_REASONS``) becomes the launcher's
+exit code.
 """
 
 from __future__ import annotations
@@ -22,6 +24,30 @@ from ebbflow_api import contract
 from ebbflow_trainer.config import TrainerConfig
 
 
+class Markers:
+    """The LEFT and TRAINING markers of the pod's workers, one pair per local rank (see :mod:`.state`)."""
+
+    def __init__(self, state_dir: Path, nproc_per_node: int):
+        from ebbflow_trainer.state import LEFT_MARKER, TRAINING_MARKER, local_dir
+
+        directories = [local_dir(state_dir, r) for r in range(nproc_per_node)]
+        for directory in directories:
+            directory.mkdir(parents=True, exist_ok=True)
+        self.left = [directory / LEFT_MARKER for directory in directories]
+        self.training = [directory / TRAINING_MARKER for directory in directories]
+
+    def clear(self) -> None:
+        for marker in (*self.left, *self.training):
+            marker.unlink(missing_ok=True)
+
+    def graceful(self) -> bool:
+        """Leaving loses nothing: every worker finished its step and left, or was not inside a step."""
+        return all(
+            left.exists() or not training.exists()
+            for left, training in zip(self.left, self.training, strict=True)
+        )
+
+
 def run(config: TrainerConfig) -> int:
     """Run the elastic agent until training finishes, this pod leaves, or restarts run out."""
     import multiprocessing
@@ -32,7 +58,6 @@ def run(config: TrainerConfig) -> int:
     from ebbflow_trainer.agent import EbbflowAgent, FatalWorkerExit
     from ebbflow_trainer.preload import ENV_PRELOAD_SCRIPT
     from ebbflow_trainer.rendezvous import GenerationRendezvousHandler
-    from ebbflow_trainer.state import LEFT_MARKER, TRAINING_MARKER
     from ebbflow_trainer.worker import run_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -40,23 +65,20 @@ def run(config: TrainerConfig) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Workers bootstrap from the rendezvous store; no agent needs to host a store of its own.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    # One worker per pod: ranks follow the agents' ranks without an extra store round-trip.
+    # Every pod runs the same --nproc-per-node: global rank = node rank x N + local rank, world size =
+    # nodes x N, without an extra store round-trip. Pods with different N would get wrong ranks.
     os.environ["TORCH_ELASTIC_WORKER_IDENTICAL"] = "1"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # Workers are forked from a forkserver that has already imported torch and the script.
     os.environ[ENV_PRELOAD_SCRIPT] = config.spec
     multiprocessing.get_context("forkserver").set_forkserver_preload(["ebbflow_trainer.preload"])
 
-    state_dir = Path(config.state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    left_marker, training_marker = state_dir / LEFT_MARKER, state_dir / TRAINING_MARKER
-    left_marker.unlink(missing_ok=True)
-    training_marker.unlink(missing_ok=True)
-
+    markers = Markers(Path(config.state_dir), config.nproc_per_node)
+    markers.clear()
     handler = GenerationRendezvousHandler(config)
     spec = WorkerSpec(
         role="trainer",
-        local_world_size=1,
+        local_world_size=config.nproc_per_node,
         rdzv_handler=handler,
         entrypoint=run_worker,
         args=(config.to_json(), 0),
@@ -67,8 +89,7 @@ def run(config: TrainerConfig) -> int:
     def start_generation(generation: int) -> None:
         """The agent reads ``spec.args`` when it starts a world's workers, right after the round."""
         spec.args = (config.to_json(), generation)
-        left_marker.unlink(missing_ok=True)
-        training_marker.unlink(missing_ok=True)
+        markers.clear()
 
     handler.on_generation = start_generation
 
@@ -90,9 +111,7 @@ def run(config: TrainerConfig) -> int:
         result = agent.run()
     except SignalException as signalled:
         handler.leave()
-        # Graceful: the worker finished its step and left, or no worker was inside a step.
-        graceful = left_marker.exists() or not training_marker.exists()
-        if signalled.sigval == signal.SIGTERM and graceful:
+        if signalled.sigval == signal.SIGTERM and markers.graceful():
             return contract.EXIT_SUCCESS
         return 128 + int(signalled.sigval)
     except FatalWorkerExit as fatal:

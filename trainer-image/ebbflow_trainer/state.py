@@ -32,13 +32,35 @@ LEFT_MARKER = "left"
 TRAINING_MARKER = "training"
 
 
+def local_dir(state_dir: Path, local_rank: int) -> Path:
+    """The handoff file and markers of one training process of the pod (``--nproc-per-node``)."""
+    return state_dir / f"local-{local_rank}"
+
+
+def _to_cpu(value: Any) -> Any:
+    """``value`` with every tensor on the CPU: a state loads anywhere (CUDA or not, any device index)."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        converted = {key: _to_cpu(item) for key, item in value.items()}
+        if type(value) is dict:
+            return converted
+        typed = type(value)(converted)  # an OrderedDict keeps its load_state_dict _metadata
+        if hasattr(value, "_metadata"):
+            typed._metadata = value._metadata  # type: ignore[attr-defined]
+        return typed
+    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
+        return type(value)(_to_cpu(item) for item in value)
+    return value
+
+
 def capture(engine: VirtualNodeEngine, step: int, last_step_wall_time: float) -> dict[str, Any]:
     """A self-contained copy of the state after ``step`` completed steps."""
     return {
         "step": step,
         "last_step_wall_time": last_step_wall_time,
-        "model": engine.spec.model.state_dict(),
-        "optimizer": engine.spec.optimizer.state_dict(),
+        "model": _to_cpu(engine.spec.model.state_dict()),
+        "optimizer": _to_cpu(engine.spec.optimizer.state_dict()),
         "rng": {
             "torch": torch.get_rng_state(),
             "python": random.getstate(),
@@ -94,7 +116,7 @@ def to_bytes(state: dict[str, Any]) -> bytes:
 
 
 def from_bytes(data: bytes) -> dict[str, Any]:
-    state: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=False)
+    state: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
     return state
 
 

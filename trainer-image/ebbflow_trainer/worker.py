@@ -82,6 +82,23 @@ class World:
     rank: int
     size: int
     generation: int
+    local_rank: int = 0  # this process among the pod's --nproc-per-node
+
+
+def resolve_backend(config: TrainerConfig) -> str:
+    """``--backend``: auto is nccl when CUDA is available, else gloo."""
+    if config.backend != "auto":
+        return config.backend
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def training_device(local_rank: int) -> torch.device:
+    """cuda:LOCAL_RANK when CUDA is available (one GPU per process), else the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    return device
 
 
 class Worker:
@@ -92,9 +109,17 @@ class Worker:
         self.journal = Journal(config.journal)
         torch.manual_seed(config.seed)
         self.spec = load_spec(config.spec)
-        self.engine = VirtualNodeEngine(self.spec, config)
+        self.backend = resolve_backend(config)
+        self.device = training_device(world.local_rank)
+        # Before the optimizer holds state: Module.to moves the parameters in place, so the optimizer's
+        # references stay valid (and a restored optimizer state follows its parameters' device).
+        self.spec.model.to(self.device)
+        # nccl reduces on the GPU only; gloo on the CPU.
+        self.comm_device = self.device if self.backend == "nccl" else torch.device("cpu")
+        self.engine = VirtualNodeEngine(self.spec, config, message_device=self.comm_device)
         self.total_steps = config.steps or self.spec.steps
-        self.state_dir = Path(config.state_dir)
+        self.state_dir = state.local_dir(Path(config.state_dir), world.local_rank)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint = (
             Path(config.checkpoint_path) / state.CHECKPOINT_FILE if config.checkpoint_path else None
         )
@@ -107,7 +132,7 @@ class Worker:
     # --- state agreement -------------------------------------------------------------------------
     def _highest(self, local: dict[str, Any] | None) -> tuple[torch.Tensor, int, int]:
         """Every member's step (+1, so "no state" is 0), the highest, and the lowest rank holding it."""
-        steps = torch.zeros(self.world.size, dtype=torch.int64)
+        steps = torch.zeros(self.world.size, dtype=torch.int64, device=self.comm_device)
         steps[self.world.rank] = local["step"] + 1 if local is not None else 0
         dist.all_reduce(steps)
         best = int(steps.max())
@@ -229,6 +254,7 @@ class Worker:
         """The step's all-reduced message; deterministic mode first agrees on its fixed-point grid."""
         agreement = self.engine.agreement(rows)
         if agreement is not None:
+            agreement = agreement.to(self.comm_device)
             dist.all_reduce(agreement, op=dist.ReduceOp.MAX)
         message = self.engine.pack(
             rows,
@@ -368,7 +394,12 @@ def run_worker(config_json: str, generation: int) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     torch.set_num_threads(1)
     leave = LeaveSignal()
-    world = World(rank=int(os.environ["RANK"]), size=int(os.environ["WORLD_SIZE"]), generation=generation)
+    world = World(
+        rank=int(os.environ["RANK"]),
+        size=int(os.environ["WORLD_SIZE"]),
+        generation=generation,
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+    )
     code = _run(config, world, leave)
     if code == contract.EXIT_SUCCESS and not leave.requested:
         return code
@@ -378,12 +409,18 @@ def run_worker(config_json: str, generation: int) -> int:
 
 
 def _run(config: TrainerConfig, world: World, leave: LeaveSignal) -> int:
-    Path(config.state_dir).mkdir(parents=True, exist_ok=True)
+    local_dir = state.local_dir(Path(config.state_dir), world.local_rank)
+    local_dir.mkdir(parents=True, exist_ok=True)
     try:
         worker = Worker(config, world, leave)
-        metrics.serve(config.metrics_port)
+        if world.local_rank == 0:  # the pod's one metrics port
+            metrics.serve(config.metrics_port)
+        if worker.backend == "nccl":
+            # A collective with a dead peer raises after --collective-timeout (and the world re-forms with
+            # the state handed over) instead of hanging until the watchdog aborts the process.
+            os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
         dist.init_process_group(
-            "gloo",
+            worker.backend,
             store=generation_store(config, world.generation),
             rank=world.rank,
             world_size=world.size,
@@ -397,10 +434,10 @@ def _run(config: TrainerConfig, world: World, leave: LeaveSignal) -> int:
         try:
             code = worker.train()
             # Every return from train() is at a step boundary with the state handed over or saved.
-            (Path(config.state_dir) / state.TRAINING_MARKER).unlink(missing_ok=True)
+            (local_dir / state.TRAINING_MARKER).unlink(missing_ok=True)
             return code
         finally:
             worker.engine.close()  # loader processes: run_worker may leave with os._exit
     except LeaveNow:
-        (Path(config.state_dir) / state.LEFT_MARKER).touch()
+        (local_dir / state.LEFT_MARKER).touch()
         return contract.EXIT_SUCCESS

@@ -2,30 +2,61 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 import torch
 from ebbflow_trainer.api import load_spec
-from ebbflow_trainer.engine import VirtualNodeEngine
+from ebbflow_trainer.engine import StepResult, VirtualNodeEngine
 
 from tests.trainer_config import trainer_config
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
-@pytest.mark.parametrize("script", ["digits/train.py", "tiny_lm/train.py"])
+def _train(engine: VirtualNodeEngine, steps: int) -> list[StepResult]:
+    """``steps`` steps of one worker holding both virtual nodes, as the worker drives the engine."""
+    results = []
+    for step in range(steps):
+        rows, seconds = engine.compute_rows(step, [0, 1])
+        message = engine.pack(rows, rank=0, world_size=1, compute_seconds=seconds, leave=False)
+        results.append(engine.apply(message, 1))
+    return results
+
+
+@pytest.mark.parametrize("script", ["digits/train.py", "tiny_lm/train.py", "hf_lm/train.py"])
 def test_example_trains_with_virtual_nodes(script: str) -> None:
     torch.manual_seed(0)
     spec = load_spec(str(EXAMPLES / script))
     config = trainer_config(spec=script, virtual_nodes=2, global_batch_size=32)
-    engine = VirtualNodeEngine(spec, config)
-    losses = []
-    for step in range(8):
-        rows, seconds = engine.compute_rows(step, [0, 1])
-        result = engine.apply(
-            engine.pack(rows, rank=0, world_size=1, compute_seconds=seconds, leave=False), 1
-        )
-        losses.append(result.loss)
+    losses = [result.loss for result in _train(VirtualNodeEngine(spec, config), 8)]
     assert all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses
+
+
+def test_the_hf_example_warms_up_clips_and_evaluates_held_out_perplexity() -> None:
+    torch.manual_seed(0)
+    spec = load_spec(str(EXAMPLES / "hf_lm/train.py"))
+    assert spec.precision == "bf16" and spec.clip_grad_norm is not None and spec.eval_fn is not None
+    # The loss is the batch's mean (what virtual nodes need): the mean of its sequences' losses.
+    sequences = torch.stack([spec.dataset[i][0] for i in range(4)])
+    spec.model.eval()
+    with torch.no_grad():
+        each = [float(spec.loss_fn(spec.model, [row[None]])) for row in sequences]
+        assert float(spec.loss_fn(spec.model, [sequences])) == pytest.approx(sum(each) / 4, rel=1e-5)
+    engine = VirtualNodeEngine(spec, trainer_config(spec="hf_lm", virtual_nodes=2, global_batch_size=32))
+    before = engine.evaluation.run(0)
+    assert before["perplexity"] == pytest.approx(math.exp(before["loss"]))
+    assert before["perplexity"] > 100, "random weights: close to uniform over 256 bytes"
+    results = _train(engine, 6)
+    assert not any(result.skipped for result in results)
+    lrs = [result.lr if result.lr is not None else math.nan for result in results]
+    assert lrs == sorted(lrs), f"warmup raises the LR: {lrs}"
+    assert lrs[0] == pytest.approx(3e-3 / 30)
+    norms = [r.grad_norm if r.grad_norm is not None else math.nan for r in results]
+    assert all(math.isfinite(n) for n in norms) and max(norms) > spec.clip_grad_norm, "clipping bites early"
+    # The trainer evaluates every eval_every steps and after the last one.
+    assert engine.evaluation.due(50, total_steps=spec.steps) and not engine.evaluation.due(49, spec.steps)
+    after = engine.evaluation.run(6)
+    assert after["perplexity"] < before["perplexity"], (before, after)

@@ -1,0 +1,110 @@
+"""Trainer tier: two training processes per pod (``--nproc-per-node 2``), gloo on CPU, and the same
+scenarios with nccl on GPUs where CUDA is available.
+
+Every process of every pod is a member of one elastic world (two pods make a world of four), so V=4
+gives each process one virtual node and the calm one-process run (``calm_reference``) stays the
+reference: deterministic mode makes the result independent of how the processes are grouped in pods.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ebbflow_api.waiting import wait_for
+
+from tests.trainer.trainer_cluster import Job, Node, assert_bitwise_equal, running_job
+
+TWO_PER_POD = ["--nproc-per-node", "2"]
+SLOW_STEPS = ["--simulated-vnode-seconds", "0.02"]
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA GPUs")
+
+
+def _ranks_at(node: Node, world: int) -> set[int]:
+    return {r["rank"] for r in node.events("step") if r["world"] == world}
+
+
+def _wait_for_world(job: Job, node: Node, size: int, min_step: int) -> None:
+    def reached() -> bool:
+        steps = [r["step"] for r in node.events("step") if r["world"] == size]
+        return bool(steps) and max(steps) >= min_step
+
+    try:
+        wait_for(reached, 150, f"{node.name} to train at world size {size}")
+    except TimeoutError as error:
+        raise TimeoutError(f"{error}\n{job.diagnose()}") from None
+
+
+def _two_pods_of_two(tmp_path: Path, calm_reference: dict[str, Any], args: list[str]) -> None:
+    with running_job(tmp_path, min_replicas=2, max_replicas=2, extra_args=[*TWO_PER_POD, *args]) as job:
+        nodes = [job.start_node() for _ in range(2)]
+        assert job.wait_all(nodes, 240) == [0, 0], job.logs()
+        assert set(job.world_sizes_by_step().values()) == {4}
+        assert sorted(r for n in nodes for r in _ranks_at(n, 4)) == [0, 1, 2, 3]
+        # Each process keeps its own handoff file in its own directory.
+        for node in nodes:
+            assert sorted(p.name for p in node.state_dir.glob("local-*")) == ["local-0", "local-1"]
+        final = job.final_checkpoint()
+    assert final["step"] == calm_reference["step"] == 200
+    assert_bitwise_equal(final, calm_reference)
+
+
+def test_two_processes_per_pod_train_bitwise_like_one_process(
+    tmp_path: Path, calm_reference: dict[str, Any]
+) -> None:
+    _two_pods_of_two(tmp_path, calm_reference, [])
+
+
+def _kill_a_pod_of_two(tmp_path: Path, calm_reference: dict[str, Any], args: list[str]) -> None:
+    extra = [*TWO_PER_POD, *SLOW_STEPS, *args]
+    with running_job(tmp_path, min_replicas=1, max_replicas=2, extra_args=extra) as job:
+        nodes = [job.start_node() for _ in range(2)]
+        _wait_for_world(job, nodes[0], 4, min_step=10)
+        # The pod with global rank 0 (the one that writes checkpoints and progress): both its processes die.
+        victim = next(n for n in nodes if 0 in _ranks_at(n, 4))
+        victim.kill_tree()
+        (survivor,) = [n for n in nodes if n is not victim]
+        assert job.wait_all([survivor], 180) == [0], job.logs()
+
+        assert _ranks_at(survivor, 2) == {0, 1}, "the survivor's two processes re-form a world of two"
+        generations = survivor.events("generation")
+        before = max(g["generation"] for g in generations if g["world"] == 4)
+        resumed = [g for g in generations if g["generation"] > before]
+        assert resumed, "the survivor never formed a new world"
+        first = min(g["generation"] for g in resumed)
+        assert {g["world"] for g in resumed if g["generation"] == first} == {2}
+        sources = {g["source"] for g in resumed if g["generation"] == first}
+        assert "memory" in sources and sources <= {"memory", "peer"}, sources
+        assert max(r["step"] for r in survivor.events("step") if r["world"] == 2) == 200
+        final = job.final_checkpoint()
+    assert_bitwise_equal(final, calm_reference)
+
+
+def test_sigkill_of_a_pod_with_two_processes_leaves_two_survivors_that_finish_bitwise(
+    tmp_path: Path, calm_reference: dict[str, Any]
+) -> None:
+    _kill_a_pod_of_two(tmp_path, calm_reference, [])
+
+
+@pytest.mark.gpu
+@gpu
+def test_nccl_on_gpus_trains_bitwise_like_one_gpu_process(tmp_path: Path) -> None:
+    """Two pods of two GPU processes on nccl against one process on one GPU: the same kernels compute
+    every virtual node's gradient, so deterministic mode gives the same bits (a CPU reference may not:
+    CPU and GPU kernels round differently)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    finals = []
+    for pods, per_pod in ((1, "1"), (2, "2")):
+        settings: dict[str, Any] = {"min_replicas": pods, "max_replicas": pods, "steps": 50}
+        args = ["--nproc-per-node", per_pod, "--backend", "nccl"]
+        root = tmp_path / f"pods-{pods}"
+        root.mkdir()
+        with running_job(root, extra_args=args, **settings) as job:
+            nodes = [job.start_node() for _ in range(pods)]
+            assert job.wait_all(nodes, 240) == [0] * pods, job.logs()
+            finals.append(job.final_checkpoint())
+    assert finals[0]["step"] == finals[1]["step"] == 50
+    assert_bitwise_equal(finals[1], finals[0])
