@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.config import TrainerConfig
-from ebbflow_trainer.engine import VirtualNodeEngine
+from ebbflow_trainer.engine import VirtualNodeEngine, WorldOfOne
 
 RESULTS = Path(__file__).resolve().parent / "results" / "data_loading.json"
 CONFIGURATIONS = ("free", "in-process", "prefetch")
@@ -109,8 +109,9 @@ def time_steps(engine: VirtualNodeEngine, warmup: int, steps: int) -> list[float
     seconds = []
     for step in range(warmup + steps):
         started = time.perf_counter()
-        rows, compute = engine.compute_rows(step, nodes)
-        message = engine.pack(rows, rank=0, world_size=1, compute_seconds=compute, leave=False)
+        message, _ = engine.reduce_step(
+            step, nodes, rank=0, world_size=1, leave=lambda: False, comm=WorldOfOne()
+        )
         engine.apply(message, 1)
         if step >= warmup:
             seconds.append(time.perf_counter() - started)

@@ -81,7 +81,7 @@ class JobBuilder:
     def priority(self, value: int) -> Self:
         return self.set(priority=value)
 
-    def gpus(self, count: int) -> Self:
+    def gpus(self, count: int | str) -> Self:
         """GPUs per worker (the trainer container's nvidia.com/gpu limit)."""
         self._container.setdefault("resources", {}).setdefault("limits", {})[GPU_RESOURCE] = count
         return self

@@ -127,8 +127,10 @@ class Phase(StrEnum):
 # --- spec ----------------------------------------------------------------------------------------
 
 _GPU_VALUES = [str(n) for n in range(MAX_GPUS_PER_WORKER + 1)]
+# A quantity: "4", "16Gi", 2. Bounded so that the API server can price CEL rules reading it.
+Quantity = Annotated[int | str, Field(json_schema_extra={"maxLength": 64})]
 ResourceMap = Annotated[
-    dict[str, int | str],
+    dict[str, Quantity],
     Field(
         max_length=16,
         json_schema_extra={
@@ -245,14 +247,15 @@ class TrainingShape(ApiModel):
         None,
         ge=1,
         le=MAX_VIRTUAL_NODES,
-        description="V, the fixed number of virtual nodes (default: replicas.max); >= max.",
+        description="V, the fixed number of virtual nodes (default: replicas.max); >= max, and >= max x "
+        "GPUs per worker when a worker has several (one training process per GPU).",
     )
     global_batch_size: int = Field(
         ge=1, le=MAX_GLOBAL_BATCH_SIZE, description="B, samples per step; a multiple of V."
     )
     batching: Batching = Field(Batching.STATIC, description=Batching.__doc__)
     lr_scaling: LrScaling = Field(LrScaling.NONE, description=LrScaling.__doc__)
-    cel_rules = (
+    cel_rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
             "!has(self.virtualNodes) || self.virtualNodes >= self.replicas.max",
             "spec.virtualNodes must be >= spec.replicas.max: raise virtualNodes or lower max",
@@ -280,6 +283,15 @@ class TrainingShape(ApiModel):
         """V, with the API's default applied (the same CEL expression the rules use)."""
         value: int = evaluate(VIRTUAL_NODES_OR_MAX, self.to_json())
         return value
+
+
+def _container_gpus(container: str) -> str:
+    """CEL: the GPUs a container's limits ask for (0 without any, or for a value that is not a whole
+    number, which the limits' own rule reports)."""
+    value = f"{container}.resources.limits['{GPU_RESOURCE}']"
+    present = f"has({container}.resources) && has({container}.resources.limits) && '{GPU_RESOURCE}' in "
+    present += f"{container}.resources.limits && string({value}).matches('^[0-9]{{1,2}}$')"
+    return f"({present} ? int({value}) : 0)"
 
 
 class ElasticTrainingJobSpec(TrainingShape):
@@ -316,6 +328,19 @@ class ElasticTrainingJobSpec(TrainingShape):
         "pod; finished workers stay for their logs), All, or None.",
     )
     rendezvous: RendezvousSpec = Field(default_factory=RendezvousSpec)
+    cel_rules = (
+        *TrainingShape.cel_rules,
+        Rule(
+            "self.template.spec.containers.all(c, "
+            f"{_container_gpus('c')} <= 1 || "
+            f"(has(self.virtualNodes) && self.virtualNodes >= self.replicas.max * {_container_gpus('c')}))",
+            "a worker with several GPUs runs one training process per GPU and each process needs a "
+            "virtual node: set spec.virtualNodes to at least spec.replicas.max times the GPUs per worker "
+            "(and spec.globalBatchSize to a multiple of it)",
+            field_path=".virtualNodes",
+            reason="FieldValueInvalid",
+        ),
+    )
 
 
 # --- status --------------------------------------------------------------------------------------

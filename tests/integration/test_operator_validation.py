@@ -158,6 +158,16 @@ BAD = [
         ["spec.template.spec.containers", "at least 1 items"],
     ),
     ("template-missing", spec_del("template"), ["spec.template", "Required"]),
+    (
+        "several-gpus-per-worker-v-below-max-times-gpus",
+        gpus(4),  # 4 GPUs x max 8 needs 32 virtual nodes; the example has 16
+        ["a worker with several GPUs runs one training process per GPU", "spec.virtualNodes"],
+    ),
+    (
+        "several-gpus-per-worker-v-unset",
+        lambda m: (gpus("2")(m), spec_del("virtualNodes")(m)),
+        ["a worker with several GPUs runs one training process per GPU"],
+    ),
     ("gpus-absurd", gpus(1000), ["nvidia.com/gpu must be a whole number of GPUs between 0 and 64"]),
     ("gpus-fractional", gpus("0.5"), ["nvidia.com/gpu must be a whole number of GPUs", "time-slicing"]),
     ("checkpoint-interval-zero", spec_set("checkpoint.intervalSteps", 0), ["spec.checkpoint.intervalSteps"]),

@@ -69,18 +69,30 @@ def test_fast_mode_matches_within_float_tolerance(
         nodes = [job.start_node() for _ in range(world_size)]
         assert job.wait_all(nodes, 200) == [0] * world_size, job.logs()
         final = job.final_checkpoint()
-    ours, reference = parameters_of(final), parameters_of(calm_reference)
+    _assert_close(final, calm_reference)
+
+
+def _assert_close(final: dict[str, Any], reference_state: dict[str, Any]) -> None:
+    """Fast mode: equal to the deterministic reference within float rounding."""
+    ours, reference = parameters_of(final), parameters_of(reference_state)
     flat_ours = torch.cat([ours[name].flatten() for name in sorted(ours)])
     flat_reference = torch.cat([reference[name].flatten() for name in sorted(reference)])
     relative = float((flat_ours - flat_reference).norm() / flat_reference.norm())
     assert relative <= 1e-6, f"relative difference {relative:.3e}"
 
 
-@pytest.mark.parametrize("victim_rank", [0, 2])
+@pytest.mark.parametrize(
+    ("victim_rank", "mode"),
+    [
+        pytest.param(0, "deterministic", id="rank-0"),
+        pytest.param(2, "deterministic", id="rank-2"),
+        pytest.param(2, "fast", id="rank-2-fast-buckets-in-flight"),
+    ],
+)
 def test_sigkill_of_any_worker_resumes_from_memory_at_world_size_two(
-    tmp_path: Path, calm_reference: dict[str, Any], victim_rank: int
+    tmp_path: Path, calm_reference: dict[str, Any], victim_rank: int, mode: str
 ) -> None:
-    with running_job(tmp_path, min_replicas=2, max_replicas=3, extra_args=SLOW_STEPS) as job:
+    with running_job(tmp_path, min_replicas=2, max_replicas=3, extra_args=SLOW_STEPS, mode=mode) as job:
         nodes = [job.start_node() for _ in range(3)]
         _wait_for_world(job, nodes[0], 3, min_step=10)
         victim = next(
@@ -106,7 +118,10 @@ def test_sigkill_of_any_worker_resumes_from_memory_at_world_size_two(
         assert {g["step"] for g in resumed} == {completed_before}
         assert max(_steps_in(survivors, first_after)) == 200
         final = job.final_checkpoint()
-    assert_bitwise_equal(final, calm_reference)
+    if mode == "deterministic":
+        assert_bitwise_equal(final, calm_reference)
+    else:
+        _assert_close(final, calm_reference)
 
 
 def test_sigterm_leaves_gracefully_without_losing_a_step(

@@ -38,6 +38,7 @@ from ebbflow_api.builders import JobBuilder
 from ebbflow_api.models import (
     Checkpoint,
     ElasticTrainingJob,
+    ElasticTrainingJobSpec,
     RendezvousSpec,
     Replicas,
     TrainingShape,
@@ -64,7 +65,8 @@ PATTERNS = {
         r"(?:globalBatchSize|global_batch_size)\s*%"
         r"|%\s*[{(]?\s*[\w.]*(?:virtualNodes|virtual_nodes|VIRTUAL_NODES_OR_MAX)"
     ),
-    "virtual-nodes-at-least-max": rf"{_V}\s*(?:>=|<)\s*[\w.]*{_MAX}|{_MAX}\s*(?:<=|>)\s*[\w.]*{_V}",
+    # V >= max itself; V >= max x the GPUs per worker is a rule of its own.
+    "virtual-nodes-at-least-max": rf"{_V}\s*(?:>=|<)\s*[\w.]*{_MAX}(?!\s*\*)|{_MAX}\s*(?:<=|>)\s*[\w.]*{_V}",
     "virtual-nodes-default-to-max": (
         rf"has\(\s*self\.virtualNodes\s*\)\s*\?"
         rf"|{_V}['\"]?\)?\s+or\s+[\w.\[\]'\"]*(?:{_MAX}|\bmax\b)"
@@ -165,6 +167,7 @@ def test_patterns_catch_a_respelling(line: str, fact: str) -> None:
             "max=job.spec.replicas.max if cap is None else min(cap, job.spec.replicas.max)", id="cap"
         ),
         pytest.param("virtual_nodes=config.virtual_nodes,", id="keyword-pass-through"),
+        pytest.param("self.virtualNodes >= self.replicas.max * gpus", id="v-per-gpu-is-another-rule"),
     ],
 )
 def test_patterns_leave_other_code_alone(line: str) -> None:
@@ -386,6 +389,9 @@ def test_violations_match_hand_checked_specs(builder: JobBuilder, broken: list[s
     assert [rule.field_path for rule in violations(TrainingShape.cel_rules, spec)] == broken
 
 
+SEVERAL_GPUS_MESSAGE = ElasticTrainingJobSpec.cel_rules[-1].message
+
+
 def _replicas_rule() -> Rule:
     [rule] = Replicas.cel_rules
     return rule
@@ -413,6 +419,22 @@ def _replicas_rule() -> Rule:
             JobBuilder("n" * 41), [("", ElasticTrainingJob.cel_rules[0].message)], id="name-too-long"
         ),
         pytest.param(JobBuilder("n" * 40), [], id="name-longest"),
+        pytest.param(
+            JobBuilder("j").replicas(1, 4).gpus(2),
+            [("spec", SEVERAL_GPUS_MESSAGE)],
+            id="two-gpus-per-worker-v-unset",
+        ),
+        pytest.param(
+            JobBuilder("j").replicas(1, 4).gpus(2).virtual_nodes(4).global_batch_size(64),
+            [("spec", SEVERAL_GPUS_MESSAGE)],
+            id="two-gpus-per-worker-v-equals-max",
+        ),
+        pytest.param(
+            JobBuilder("j").replicas(1, 4).gpus("2").virtual_nodes(8).global_batch_size(64),
+            [],
+            id="two-gpus-as-a-string-v-max-times-two",
+        ),
+        pytest.param(JobBuilder("j").replicas(1, 4).gpus(0), [], id="no-gpu"),
     ],
 )
 def test_rule_violations_of_whole_jobs(builder: JobBuilder, broken: list[tuple[str, str]]) -> None:

@@ -48,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
         "(faster for small models; default 2 MiB); exact sums above, always with 0",
     )
     run.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=argparse.SUPPRESS,  # TrainerConfig's default (25, as DDP's bucket_cap_mb)
+        help="fast mode: MiB of gradients all-reduced together while backward runs (default 25)",
+    )
+    run.add_argument(
         "--steps", type=int, help="global steps to train (default: the script's TrainingSpec.steps)"
     )
     run.add_argument("--seed", type=int, default=0)

@@ -70,6 +70,8 @@ class TrainerConfig:
     # Deterministic mode all-reduces one row per virtual node while those V rows take at most this many
     # bytes, exact sums above (engine.VirtualNodeEngine.method); 0 always uses exact sums.
     row_table_limit: int = ROW_TABLE_LIMIT
+    # Fast mode all-reduces gradients in buckets of about this many MiB (DDP's bucket_cap_mb).
+    bucket_mb: float = 25.0
     seed: int = 0
     steps: int | None = None
     base_batch_size: int | None = None
@@ -103,6 +105,10 @@ class TrainerConfig:
     @property
     def samples_per_virtual_node(self) -> int:
         return self.global_batch_size // self.virtual_nodes
+
+    @property
+    def bucket_bytes(self) -> int:
+        return max(1, int(self.bucket_mb * 2**20))
 
     @property
     def rdzv_host(self) -> str:
@@ -208,6 +214,8 @@ def validate(config: TrainerConfig) -> None:
         raise ConfigError(f"--mode={config.mode!r} must be one of {MODES}.")
     if config.row_table_limit < 0:
         raise ConfigError(f"--row-table-limit={config.row_table_limit} must be 0 or a number of bytes.")
+    if not (config.bucket_mb > 0 and math.isfinite(config.bucket_mb)):
+        raise ConfigError(f"--bucket-mb={config.bucket_mb} must be a positive number of MiB (DDP uses 25).")
     if config.checkpoint_interval_steps < 0:
         raise ConfigError(
             f"{contract.ENV_CHECKPOINT_INTERVAL_STEPS} must be 0 (off) or a positive step count."

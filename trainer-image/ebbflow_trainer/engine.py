@@ -21,8 +21,10 @@ assignment of virtual nodes to workers, by one of two methods chosen from the mo
   V times the traffic, but one round trip and no encoding, which is faster while the table is small
   (``bench/deterministic_traffic.py``).
 
-``fast`` mode sums a worker's rows in floating point and all-reduces one row of the parameters'
-dtype: the least traffic and one round trip, equal within float rounding.
+``fast`` mode adds a worker's virtual-node gradients in floating point into one message of the
+parameters' dtype and all-reduces it in buckets while the last virtual node's backward pass runs, as
+DDP does (:mod:`ebbflow_trainer.buckets`): the least traffic and communication hidden behind
+computation, equal to deterministic mode within float rounding.
 
 Buffers (BatchNorm running statistics and the like) follow the same rule as gradients: every virtual
 node starts from the step's buffers, and the step's new floating-point buffers are the mean over
@@ -49,13 +51,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from ebbflow_trainer import exact
 from ebbflow_trainer.api import TrainingSpec
+from ebbflow_trainer.buckets import GradientBuckets, Pending
 from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.data import VirtualNodeLoader
 from ebbflow_trainer.evaluation import Evaluation
@@ -75,6 +79,38 @@ class StepResult:
     lr: float | None = None  # the first parameter group's LR the step used; None when skipped
     grad_norm: float | None = None  # the combined gradient's norm before clipping (when clipping)
     loss_scale: float | None = None  # the fp16 loss scale for the next step
+
+
+class ReductionFailed(Exception):
+    """A collective failed (a peer left or died): the step cannot complete in this world."""
+
+
+class Collectives(Protocol):
+    """The world's collectives as the engine needs them (see ``worker.DistCollectives``)."""
+
+    def all_reduce(self, tensor: torch.Tensor) -> Pending:
+        """Start a sum all-reduce of ``tensor`` in place; the result is there once ``wait`` returns."""
+        ...
+
+    def all_reduce_max(self, tensor: torch.Tensor) -> None:
+        """A max all-reduce of ``tensor`` in place, blocking."""
+        ...
+
+
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+class WorldOfOne:
+    """Collectives of a world with a single worker: every reduction leaves its tensor as it is. Also
+    how tests and benchmarks drive a worker's share of a step without a process group."""
+
+    def all_reduce(self, tensor: torch.Tensor) -> Pending:
+        return _Done()
+
+    def all_reduce_max(self, tensor: torch.Tensor) -> None:
+        return None
 
 
 class VirtualNodeEngine:
@@ -115,32 +151,102 @@ class VirtualNodeEngine:
         self.evaluation = Evaluation(spec, lambda: self.update.autocast(self.device_type))
         pin = self.device_type == "cuda" and torch.cuda.is_available()
         self.loader = VirtualNodeLoader(spec, config, pin_memory=pin)
+        self.buckets: GradientBuckets | None = None
+        self._fast_message: torch.Tensor | None = None
+        offsets = [0]
+        for param in self.params[:-1]:
+            offsets.append(offsets[-1] + param.numel())
+        if self.method == "sum":
+            self.buckets = GradientBuckets(self.params, config.bucket_bytes, track_norm=self.tracks_noise)
+            offsets = self.buckets.plan.offsets
+        # Where each parameter's gradient starts in the message (reverse order in fast mode's buckets).
+        self.gradient_offsets = offsets
 
     def close(self) -> None:
-        """Stop background work (the data loader's processes)."""
+        """Stop background work (the data loader's processes) and unhook the parameters."""
         self.loader.close()
+        if self.buckets is not None:
+            self.buckets.close()
 
-    # --- local work ------------------------------------------------------------------------------
+    @property
+    def tracks_noise(self) -> bool:
+        """Whether steps need each virtual node's squared gradient norm (the gradient-noise estimate
+        of LR scaling); fast mode adds it up only then."""
+        return self.config.lr_scaling != "none" and self.config.virtual_nodes > 1
+
+    # --- one worker's part of a step -------------------------------------------------------------
+    def reduce_step(
+        self,
+        step: int,
+        virtual_nodes: list[int],
+        *,
+        rank: int,
+        world_size: int,
+        leave: Callable[[], bool],
+        comm: Collectives,
+    ) -> tuple[torch.Tensor, float]:
+        """Compute this worker's virtual nodes of ``step`` and all-reduce them with the world: the
+        reduced message for ``apply`` and the compute time. ``leave`` is read once computing is done."""
+        if self.buckets is not None:
+            return self._overlapped_step(step, virtual_nodes, rank, world_size, leave, comm)
+        rows, seconds = self.compute_rows(step, virtual_nodes)
+        agreement = self.agreement(rows)
+        if agreement is not None:
+            agreement = agreement.to(self.message_device)
+            comm.all_reduce_max(agreement)
+        message = self.pack(
+            rows,
+            rank=rank,
+            world_size=world_size,
+            compute_seconds=seconds,
+            leave=leave(),
+            agreement=agreement,
+        )
+        comm.all_reduce(message).wait()
+        return message, seconds
+
+    def _overlapped_step(
+        self,
+        step: int,
+        virtual_nodes: list[int],
+        rank: int,
+        world_size: int,
+        leave: Callable[[], bool],
+        comm: Collectives,
+    ) -> tuple[torch.Tensor, float]:
+        """Fast mode: gradients go into the message as backward produces them (see :mod:`.buckets`);
+        the extras (buffers, loss, squared norms, compute time, leave flag) are added after each
+        virtual node and ride in the last bucket."""
+        buckets = self.buckets
+        assert buckets is not None
+        size = self.message_size(world_size)
+        if self._fast_message is None or self._fast_message.numel() != size:
+            self._fast_message = torch.zeros(size, dtype=self.dtype, device=self.device)
+        message = self._fast_message
+        p, q = self.num_params, self.num_float_buffer_values
+        started = time.perf_counter()
+        buckets.begin(message, comm.all_reduce)
+        for _, loss in self._virtual_nodes(step, virtual_nodes):
+            offset = p
+            for buffer in self.float_buffers:
+                message[offset : offset + buffer.numel()] += buffer.detach().reshape(-1).to(self.dtype)
+                offset += buffer.numel()
+            message[p + q] += loss.detach().to(self.dtype)
+        if self.tracks_noise:
+            inverse = self.update.scaler.inverse if self.update.scaler is not None else 1.0
+            message[p + q + 1] = buckets.squared_norm * (inverse * inverse)
+        seconds = time.perf_counter() - started
+        message[self.row_size + rank] = seconds
+        message[self.row_size + world_size] = 1.0 if leave() else 0.0
+        buckets.finish()
+        return buckets.wait(), seconds
+
     def compute_rows(self, step: int, virtual_nodes: list[int]) -> tuple[dict[int, torch.Tensor], float]:
-        """Rows for this worker's virtual nodes at ``step``, and the (possibly simulated) compute time."""
-        config, model = self.config, self.spec.model
-        model.train()
-        start_buffers = [b.detach().clone() for b in self.buffers]
+        """Deterministic mode: rows for this worker's virtual nodes at ``step``, and the (possibly
+        simulated) compute time."""
         rows: dict[int, torch.Tensor] = {}
         started = time.perf_counter()
-        self.loader.prepare(step, virtual_nodes)
-        for k in virtual_nodes:
-            vnode_started = time.perf_counter()
-            with torch.no_grad():
-                for buffer, saved in zip(self.buffers, start_buffers, strict=True):
-                    buffer.copy_(saved)
-            batch = to_device(self.loader.batch(step, k), self.device)
-            # Randomness inside the model (dropout) depends on (seed, step, k) only.
-            torch.manual_seed(derived_seed(config.seed, step, k, 1))
-            model.zero_grad(set_to_none=True)
-            with self.update.autocast(self.device_type):
-                loss = self.spec.loss_fn(model, batch)
-            self.update.scale_loss(loss).backward()  # type: ignore[no-untyped-call]
+        for k, loss in self._virtual_nodes(step, virtual_nodes):
             gradient = torch.cat(
                 [
                     (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
@@ -153,14 +259,39 @@ class VirtualNodeEngine:
             parts.append(loss.detach().reshape(1).to(self.dtype))
             parts.append(unscaled.dot(unscaled).reshape(1))
             rows[k] = torch.cat(parts)
-            self._simulate_device(time.perf_counter() - vnode_started)
+        return rows, time.perf_counter() - started
+
+    def _virtual_nodes(self, step: int, virtual_nodes: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
+        """Forward and backward of each virtual node from the step's buffers, yielding (k, its loss)
+        while its gradient and updated buffers are in place. Fast mode's buckets overlap the last
+        backward pass. Afterwards the buffers are back at the step's values and the advanced integer
+        buffers are kept for ``apply``."""
+        config, model = self.config, self.spec.model
+        model.train()
+        start_buffers = [b.detach().clone() for b in self.buffers]
+        self.loader.prepare(step, virtual_nodes)
+        for position, k in enumerate(virtual_nodes):
+            started = time.perf_counter()
+            with torch.no_grad():
+                for buffer, saved in zip(self.buffers, start_buffers, strict=True):
+                    buffer.copy_(saved)
+            batch = to_device(self.loader.batch(step, k), self.device)
+            # Randomness inside the model (dropout) depends on (seed, step, k) only.
+            seed_generators(derived_seed(config.seed, step, k, 1), self.device)
+            model.zero_grad(set_to_none=True)
+            with self.update.autocast(self.device_type):
+                loss = self.spec.loss_fn(model, batch)
+            if self.buckets is not None and position == len(virtual_nodes) - 1:
+                self.buckets.overlap()
+            self.update.scale_loss(loss).backward()  # type: ignore[no-untyped-call]
+            yield k, loss
+            self._simulate_device(time.perf_counter() - started)
         model.zero_grad(set_to_none=True)
         # Integer buffers advanced the same way on every virtual node; keep that value for apply().
         self._advanced_buffers = [b.detach().clone() for b in self.buffers]
         with torch.no_grad():
             for buffer, saved in zip(self.buffers, start_buffers, strict=True):
                 buffer.copy_(saved)
-        return rows, time.perf_counter() - started
 
     def _simulate_device(self, real_seconds: float) -> None:
         """Model a slower (or busier) accelerator: tests and benchmarks on CPU need stable speeds."""
@@ -177,7 +308,8 @@ class VirtualNodeEngine:
 
     @property
     def method(self) -> str:
-        """How rows are combined: "sum" (fast mode), "table" or "exact" (deterministic mode, by size)."""
+        """How virtual nodes are combined: "sum" (fast mode's buckets), "table" or "exact" (deterministic
+        mode, by size)."""
         if self.config.mode != "deterministic":
             return "sum"
         return "table" if self.table_bytes <= self.config.row_table_limit else "exact"
@@ -225,13 +357,11 @@ class VirtualNodeEngine:
             return self._pack_exact(rows, rank, world_size, compute_seconds, leave, agreement)
         message = torch.zeros(self.message_size(world_size), dtype=self.dtype, device=self.message_device)
         row_area = message[: message.numel() - world_size - 1]
-        if self.method == "table":
-            table = row_area.view(self.config.virtual_nodes, self.row_size)
-            for k, row in rows.items():
-                table[k].copy_(row)
-        else:
-            for k in sorted(rows):
-                row_area += rows[k].to(message.device)
+        if self.method != "table":
+            raise ValueError("fast mode reduces through reduce_step's buckets, not rows")
+        table = row_area.view(self.config.virtual_nodes, self.row_size)
+        for k, row in rows.items():
+            table[k].copy_(row)
         tail = message[row_area.numel() :]
         tail[rank] = compute_seconds
         tail[world_size] = 1.0 if leave else 0.0
@@ -281,7 +411,7 @@ class VirtualNodeEngine:
         factor = lr = grad_norm = None
         if not verdict.skipped:
             self._set_gradient_and_buffers(gradient, buffer_values)
-            factor = self._scale_learning_rate(small_sq_norm, float(gradient.dot(gradient)))
+            factor = self._scale_learning_rate(small_sq_norm, gradient)
             grad_norm = self.update.clip(self.params)
             lr = float(self.spec.optimizer.param_groups[0]["lr"])
             self.spec.optimizer.step()
@@ -305,8 +435,8 @@ class VirtualNodeEngine:
         v = self.config.virtual_nodes
         if self.method == "exact":
             return self._unpack_exact(message)
-        if self.method == "sum":
-            return message[: self.row_size].clone() / v, message[self.row_size :]
+        if self.method == "sum":  # the message is the engine's own buffer: divide it in place
+            return message[: self.row_size].div_(v), message[self.row_size :]
         # Adding +0.0 turns -0.0 into +0.0, as a reduction over several workers does.
         table = message[: v * self.row_size].view(v, self.row_size) + 0.0
         total = table[0].clone()
@@ -333,10 +463,9 @@ class VirtualNodeEngine:
         return mean.to(self.dtype), tail
 
     def _set_gradient_and_buffers(self, gradient: torch.Tensor, buffer_values: torch.Tensor) -> None:
-        offset = 0
-        for param in self.params:
-            param.grad = gradient[offset : offset + param.numel()].view_as(param).clone()
-            offset += param.numel()
+        # The mean is a fresh tensor: the gradients can be views of it.
+        for param, offset in zip(self.params, self.gradient_offsets, strict=True):
+            param.grad = gradient[offset : offset + param.numel()].view_as(param)
         offset = 0
         with torch.no_grad():
             for buffer, advanced in zip(self.buffers, self._advanced_buffers, strict=True):
@@ -347,11 +476,12 @@ class VirtualNodeEngine:
                 buffer.copy_(values.to(buffer.dtype))
                 offset += buffer.numel()
 
-    def _scale_learning_rate(self, small_sq_norm: float, big_sq_norm: float) -> float:
+    def _scale_learning_rate(self, small_sq_norm: float, gradient: torch.Tensor) -> float:
         config = self.config
         if config.lr_scaling == "none":
             return 1.0
-        if config.virtual_nodes > 1:
+        if self.tracks_noise:
+            big_sq_norm = float(gradient.dot(gradient))
             variance, sq_norm = noise_estimates(
                 small_sq_norm, config.samples_per_virtual_node, big_sq_norm, config.global_batch_size
             )
@@ -365,6 +495,14 @@ class VirtualNodeEngine:
         for group, base_lr in zip(self.spec.optimizer.param_groups, self.base_lrs, strict=True):
             group["lr"] = base_lr * factor
         return factor
+
+
+def seed_generators(seed: int, device: torch.device) -> None:
+    """Seed the CPU's and ``device``'s random generators. ``torch.manual_seed`` does this for every
+    accelerator backend torch knows, which costs milliseconds per call where they are absent."""
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)  # the current device: the worker's own GPU
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

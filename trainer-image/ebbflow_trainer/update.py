@@ -81,6 +81,15 @@ class LossScaler:
         return _float32(1.0 / self.scale)
 
 
+def all_finite(values: torch.Tensor) -> bool:
+    """Whether every value is finite. The sum is non-finite whenever a value is (NaN and infinities
+    propagate), and one pass of a sum costs a fraction of ``isfinite``'s; only a sum that overflows
+    (or a value that is not finite) needs the element-wise check."""
+    if math.isfinite(float(values.sum())):
+        return True
+    return bool(torch.isfinite(values).all())
+
+
 def _float32(value: float) -> float:
     """``value`` rounded to float32 (inf when it overflows), as GradScaler's float32 scale tensor holds it."""
     return float(torch.tensor(value, dtype=torch.float64).to(torch.float32))
@@ -116,7 +125,7 @@ class OptimizerStep:
     def judge(self, loss: float, gradient: torch.Tensor) -> Verdict:
         """Skip or not, and whether it counts; updates the loss scale. ``gradient`` is unscaled."""
         finite_loss = math.isfinite(loss)
-        finite_gradient = bool(torch.isfinite(gradient).all())
+        finite_gradient = all_finite(gradient)
         skipped = not (finite_loss and finite_gradient)
         if self.scaler is None:
             return Verdict(skipped=skipped, counted=skipped, overflow=False)

@@ -37,7 +37,7 @@ from ebbflow_trainer import metrics, state
 from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.batching import DynamicBatchingController
 from ebbflow_trainer.config import TrainerConfig
-from ebbflow_trainer.engine import StepResult, VirtualNodeEngine
+from ebbflow_trainer.engine import ReductionFailed, StepResult, VirtualNodeEngine
 from ebbflow_trainer.rendezvous import connect, generation_store
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
 from ebbflow_trainer.termination import write_termination_message
@@ -101,6 +101,44 @@ def training_device(local_rank: int) -> torch.device:
     return device
 
 
+class DistCollectives:
+    """The engine's collectives over the default process group; a failed collective (a peer left or
+    died) becomes ``ReductionFailed``. A tensor away from ``comm_device`` (a CUDA model with gloo)
+    is reduced in a copy there, written back on wait."""
+
+    def __init__(self, comm_device: torch.device):
+        self.comm_device = comm_device
+
+    def all_reduce(self, tensor: torch.Tensor) -> _InFlight:
+        staged = tensor if tensor.device == self.comm_device else tensor.to(self.comm_device)
+        try:
+            work = dist.all_reduce(staged, async_op=True)
+        except RuntimeError as error:
+            raise ReductionFailed(str(error)) from error
+        return _InFlight(work, staged, tensor)
+
+    def all_reduce_max(self, tensor: torch.Tensor) -> None:
+        try:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        except RuntimeError as error:
+            raise ReductionFailed(str(error)) from error
+
+
+@dataclass
+class _InFlight:
+    work: Any  # dist.Work
+    staged: torch.Tensor
+    target: torch.Tensor
+
+    def wait(self) -> None:
+        try:
+            self.work.wait()
+        except RuntimeError as error:
+            raise ReductionFailed(str(error)) from error
+        if self.staged is not self.target:
+            self.target.copy_(self.staged)
+
+
 class Worker:
     def __init__(self, config: TrainerConfig, world: World, leave: LeaveSignal):
         self.config = config
@@ -117,6 +155,7 @@ class Worker:
         # nccl reduces on the GPU only; gloo on the CPU.
         self.comm_device = self.device if self.backend == "nccl" else torch.device("cpu")
         self.engine = VirtualNodeEngine(self.spec, config, message_device=self.comm_device)
+        self.comm = DistCollectives(self.comm_device)
         self.total_steps = config.steps or self.spec.steps
         self.state_dir = state.local_dir(Path(config.state_dir), world.local_rank)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -207,11 +246,17 @@ class Worker:
         while self.step < self.total_steps:
             mine = ranges_from_counts(counts)[world.rank]
             started = time.time()
-            with torch.random.fork_rng(devices=[]):
-                rows, compute_seconds = self.engine.compute_rows(self.step, mine)
             try:
-                message = self._reduce(rows, compute_seconds)
-            except RuntimeError as error:
+                with torch.random.fork_rng(devices=[]):
+                    message, compute_seconds = self.engine.reduce_step(
+                        self.step,
+                        mine,
+                        rank=world.rank,
+                        world_size=world.size,
+                        leave=lambda: self.leave.requested,
+                        comm=self.comm,
+                    )
+            except ReductionFailed as error:
                 log.warning(
                     "step %s failed (%s); handing over the state of step %s", self.step, error, self.step
                 )
@@ -249,23 +294,6 @@ class Worker:
             self._report_last_step(force=True)
         self.journal.write("done", step=self.step, generation=world.generation)
         return contract.EXIT_SUCCESS
-
-    def _reduce(self, rows: dict[int, torch.Tensor], compute_seconds: float) -> torch.Tensor:
-        """The step's all-reduced message; deterministic mode first agrees on its fixed-point grid."""
-        agreement = self.engine.agreement(rows)
-        if agreement is not None:
-            agreement = agreement.to(self.comm_device)
-            dist.all_reduce(agreement, op=dist.ReduceOp.MAX)
-        message = self.engine.pack(
-            rows,
-            rank=self.world.rank,
-            world_size=self.world.size,
-            compute_seconds=compute_seconds,
-            leave=self.leave.requested,
-            agreement=agreement,
-        )
-        dist.all_reduce(message)
-        return message
 
     def _record_step(
         self, seconds: float, result: StepResult, mine: list[int], compute_seconds: float

@@ -11,9 +11,9 @@ from ebbflow_trainer import state
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.config import ROW_TABLE_LIMIT
 from ebbflow_trainer.engine import VirtualNodeEngine
-from ebbflow_trainer.sharding import even_counts, ranges_from_counts
 from torch.utils.data import TensorDataset
 
+from tests.simulated_world import combine_rows, reduce_world, step_world
 from tests.trainer_config import trainer_config
 
 V, B = 4, 16
@@ -54,41 +54,13 @@ def _engine(
     return engine
 
 
-Computed = tuple[dict[int, torch.Tensor], float]
-
-
-def _all_reduce(
-    workers: list[VirtualNodeEngine], computed: list[Computed], leave: bool = False
-) -> torch.Tensor:
-    """What a worker's collectives do: MAX over the grid agreements (exact sums), then a sum of the
-    messages. Rank 0 asks to leave when ``leave``."""
-    shares = [engine.agreement(rows) for engine, (rows, _) in zip(workers, computed, strict=True)]
-    agreement = None if shares[0] is None else torch.stack([s for s in shares if s is not None]).amax(0)
-    messages = [
-        engine.pack(
-            rows,
-            rank=rank,
-            world_size=len(workers),
-            compute_seconds=seconds,
-            leave=leave and rank == 0,
-            agreement=agreement,
-        )
-        for rank, (engine, (rows, seconds)) in enumerate(zip(workers, computed, strict=True))
-    ]
-    return torch.stack(messages).sum(0)
-
-
 def _train(
     world_size: int, mode: str, steps: int, counts: list[int] | None = None, virtual_nodes: int = V
 ) -> VirtualNodeEngine:
     """Run ``steps`` steps with ``world_size`` simulated workers, each holding its own model copy."""
     workers = [_engine(mode, virtual_nodes=virtual_nodes) for _ in range(world_size)]
-    assignment = ranges_from_counts(counts or even_counts(virtual_nodes, world_size))
     for step in range(steps):
-        computed = [engine.compute_rows(step, assignment[rank]) for rank, engine in enumerate(workers)]
-        reduced = _all_reduce(workers, computed)
-        for engine in workers:
-            engine.apply(reduced.clone(), world_size)
+        step_world(workers, step, counts)
     return workers[0]
 
 
@@ -134,14 +106,16 @@ def test_batchnorm_statistics_are_the_mean_over_virtual_nodes(method: str) -> No
     for k in range(V):
         offset = engine.num_params
         expected += rows[k][offset : offset + start.numel()]
-    message = engine.pack(rows, rank=0, world_size=1, compute_seconds=0.1, leave=False)
-    engine.apply(message, 1)
+    engine.apply(combine_rows([engine], [(rows, 0.1)]), 1)
     assert torch.allclose(bn.running_mean, expected / V)
     assert int(bn.num_batches_tracked) == 1
 
 
-def test_fast_mode_and_both_deterministic_methods_are_close() -> None:
-    fast, table, exact = _train(2, "fast", 6), _train(2, "deterministic", 6), _train(2, "exact", 6)
+@pytest.mark.parametrize("counts", [None, [3, 1], [1, 3]], ids=["even", "3-1", "1-3"])
+def test_fast_mode_and_both_deterministic_methods_are_close(counts: list[int] | None) -> None:
+    """Uneven shares (dynamic batching) keep the mean over virtual nodes in fast mode too."""
+    fast = _train(2, "fast", 6, counts)
+    table, exact = _train(2, "deterministic", 6, counts), _train(2, "exact", 6, counts)
     assert fast.message_size(2) == exact.message_size(2) == fast.row_size + 3
     assert table.message_size(2) == V * table.row_size + 3
     for a, b, c in zip(_bits(fast), _bits(table), _bits(exact), strict=True):
@@ -200,7 +174,7 @@ def test_infinite_buffer_values_average_like_floats_and_do_not_skip_the_step() -
     rows[1][at + 2] = math.nan
     rows[3][at + 3] = math.inf
     computed = [({k: rows[k] for k in (0, 3)}, 1.0), ({k: rows[k] for k in (1, 2)}, 1.0)]
-    result = engine.apply(_all_reduce([engine, engine], computed), 2)
+    result = engine.apply(combine_rows([engine, engine], computed), 2)
     assert not result.skipped and math.isfinite(result.loss)
     bn = engine.spec.model[1]
     assert isinstance(bn, torch.nn.BatchNorm1d)
@@ -211,42 +185,39 @@ def test_infinite_buffer_values_average_like_floats_and_do_not_skip_the_step() -
 
 @pytest.mark.parametrize("mode", ["deterministic", "exact", "fast"])
 def test_the_message_carries_compute_times_and_the_leave_flag(mode: str) -> None:
-    engine = _engine(mode)
-    # Exact sums carry a float64's bits (any time comes back exactly), the others the parameters' dtype.
-    late = 0.1 + 0.2 if mode == "exact" else 0.75
-    computed = [(engine.compute_rows(0, [0, 1])[0], 0.25), (engine.compute_rows(0, [2, 3])[0], late)]
-    result = engine.apply(_all_reduce([engine, engine], computed, leave=True), 2)
-    assert result.compute_seconds == [0.25, late]
+    workers = [_engine(mode), _engine(mode)]
+    assignment = [[0, 1], [2, 3]]
+    reduced, seconds = reduce_world(workers, 0, assignment, leave_rank=1)
+    result = workers[0].apply(reduced, 2)
+    # Exact sums carry a float64's bits (the times come back exactly), the others the parameters' dtype.
+    expected = seconds if mode == "exact" else [float(torch.tensor(t, dtype=torch.float32)) for t in seconds]
+    assert result.compute_seconds == expected and all(t > 0 for t in seconds)
     assert result.leave_requested
-    result = engine.apply(_all_reduce([engine, engine], computed), 2)
+    result = workers[0].apply(reduce_world(workers, 1, assignment)[0], 2)
     assert not result.leave_requested
 
 
-@pytest.mark.parametrize("mode", ["deterministic", "exact"])
+@pytest.mark.parametrize("mode", ["deterministic", "exact", "fast"])
 def test_a_restored_state_continues_the_exact_sequence(mode: str) -> None:
     straight = _engine(mode)
     for step in range(6):
-        rows, _ = straight.compute_rows(step, list(range(V)))
-        straight.apply(straight.pack(rows, rank=0, world_size=1, compute_seconds=1.0, leave=False), 1)
+        step_world([straight], step)
 
     first = _engine(mode)
     for step in range(3):
-        rows, _ = first.compute_rows(step, list(range(V)))
-        first.apply(first.pack(rows, rank=0, world_size=1, compute_seconds=1.0, leave=False), 1)
+        step_world([first], step)
     saved = state.to_bytes(state.capture(first, 3, 0.0))
     resumed = _engine(mode)
     restored = state.from_bytes(saved)
     state.restore(resumed, restored)
     for step in range(restored["step"], 6):
-        rows, _ = resumed.compute_rows(step, list(range(V)))
-        resumed.apply(resumed.pack(rows, rank=0, world_size=1, compute_seconds=1.0, leave=False), 1)
+        step_world([resumed], step)
     assert all(torch.equal(a, b) for a, b in zip(_bits(resumed), _bits(straight), strict=True))
 
 
 def test_linear_lr_scaling_sets_the_optimizer_learning_rate() -> None:
     engine = _engine("deterministic", lr_scaling="linear", base_batch_size=4)
-    rows, _ = engine.compute_rows(0, list(range(V)))
-    result = engine.apply(engine.pack(rows, rank=0, world_size=1, compute_seconds=1.0, leave=False), 1)
+    (result,) = step_world([engine], 0)
     assert result.lr_factor == B / 4
     assert engine.spec.optimizer.param_groups[0]["lr"] == 0.1 * B / 4
 
@@ -270,24 +241,38 @@ def _snapshot(engine: VirtualNodeEngine) -> list[torch.Tensor]:
 def test_a_non_finite_step_changes_nothing_and_the_streak_counts_it(mode: str, poison: float) -> None:
     engine = _engine(mode)
     for step in range(2):  # some optimizer state (momentum) to keep
-        rows, _ = engine.compute_rows(step, list(range(V)))
-        engine.apply(engine.pack(rows, rank=0, world_size=1, compute_seconds=1.0, leave=False), 1)
+        step_world([engine], step)
     before, lr = _snapshot(engine), engine.spec.optimizer.param_groups[0]["lr"]
+    dataset = engine.spec.dataset
+    assert isinstance(dataset, TensorDataset)
+    features = dataset.tensors[0]
+    clean = features.clone()
 
+    features[:, 0] = poison  # every sample: the loss and the gradient are not finite
     for step in (2, 3):
-        rows, _ = engine.compute_rows(step, list(range(V)))
-        rows[1][0] = poison  # one gradient value of one virtual node
-        result = engine.apply(engine.pack(rows, rank=0, world_size=1, compute_seconds=1.0, leave=False), 1)
+        (result,) = step_world([engine], step)
         assert result.skipped and result.lr_factor is None
         assert engine.nonfinite_streak == step - 1
         after = _snapshot(engine)
         assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True)), "the step changed state"
         assert engine.spec.optimizer.param_groups[0]["lr"] == lr
 
-    rows, _ = engine.compute_rows(4, list(range(V)))
-    result = engine.apply(engine.pack(rows, rank=0, world_size=1, compute_seconds=1.0, leave=False), 1)
+    features.copy_(clean)
+    (result,) = step_world([engine], 4)
     assert not result.skipped and engine.nonfinite_streak == 0
     assert not all(torch.equal(a, b) for a, b in zip(_snapshot(engine), before, strict=True))
+
+
+@pytest.mark.parametrize("mode", ["deterministic", "exact"])
+def test_one_non_finite_gradient_value_skips_the_step(mode: str) -> None:
+    engine = _engine(mode)
+    step_world([engine], 0)
+    before = _snapshot(engine)
+    rows, _ = engine.compute_rows(1, list(range(V)))
+    rows[1][0] = math.inf  # one gradient value of one virtual node
+    result = engine.apply(combine_rows([engine], [(rows, 1.0)]), 1)
+    assert result.skipped and math.isfinite(result.loss) and engine.nonfinite_streak == 1
+    assert all(torch.equal(a, b) for a, b in zip(_snapshot(engine), before, strict=True))
 
 
 @pytest.mark.parametrize("mode", ["deterministic", "exact"])
@@ -296,7 +281,7 @@ def test_a_non_finite_loss_alone_skips_the_step(mode: str) -> None:
     rows, _ = engine.compute_rows(0, list(range(V)))
     loss_at = engine.num_params + engine.num_float_buffer_values
     rows[2][loss_at] = float("nan")
-    result = engine.apply(engine.pack(rows, rank=0, world_size=1, compute_seconds=1.0, leave=False), 1)
+    result = engine.apply(combine_rows([engine], [(rows, 1.0)]), 1)
     assert result.skipped and math.isnan(result.loss)
 
 

@@ -10,6 +10,7 @@ import torch
 from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.engine import StepResult, VirtualNodeEngine
 
+from tests.simulated_world import step_world
 from tests.trainer_config import trainer_config
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -19,9 +20,7 @@ def _train(engine: VirtualNodeEngine, steps: int) -> list[StepResult]:
     """``steps`` steps of one worker holding both virtual nodes, as the worker drives the engine."""
     results = []
     for step in range(steps):
-        rows, seconds = engine.compute_rows(step, [0, 1])
-        message = engine.pack(rows, rank=0, world_size=1, compute_seconds=seconds, leave=False)
-        results.append(engine.apply(message, 1))
+        results.extend(step_world([engine], step))
     return results
 
 

@@ -25,10 +25,11 @@ from ebbflow_trainer.api import LossScaling, SpecError, TrainingSpec, load_spec
 from ebbflow_trainer.data import VirtualNodeLoader, VirtualNodePlan, build_batch
 from ebbflow_trainer.engine import StepResult, VirtualNodeEngine
 from ebbflow_trainer.evaluation import Evaluation
-from ebbflow_trainer.sharding import even_counts, ranges_from_counts, virtual_node_indices
+from ebbflow_trainer.sharding import virtual_node_indices
 from ebbflow_trainer.update import LossScaler
 from torch.utils.data import Dataset, TensorDataset
 
+from tests.simulated_world import combine_rows, step_world
 from tests.trainer_config import VALID_ENVIRONMENT, trainer_config
 
 V, B = 4, 16
@@ -69,24 +70,7 @@ def _engine(spec: TrainingSpec, mode: str = "deterministic", **config: Any) -> V
 
 
 def _step(workers: list[VirtualNodeEngine], step: int, counts: list[int] | None = None) -> list[StepResult]:
-    """One global step of simulated workers: their collectives are a MAX and a sum over the world."""
-    assignment = ranges_from_counts(counts or even_counts(V, len(workers)))
-    computed = [engine.compute_rows(step, assignment[rank]) for rank, engine in enumerate(workers)]
-    shares = [engine.agreement(rows) for engine, (rows, _) in zip(workers, computed, strict=True)]
-    agreement = None if shares[0] is None else torch.stack([s for s in shares if s is not None]).amax(0)
-    messages = [
-        engine.pack(
-            rows,
-            rank=rank,
-            world_size=len(workers),
-            compute_seconds=seconds,
-            leave=False,
-            agreement=agreement,
-        )
-        for rank, (engine, (rows, seconds)) in enumerate(zip(workers, computed, strict=True))
-    ]
-    reduced = torch.stack(messages).sum(0)
-    return [engine.apply(reduced.clone(), len(workers)) for engine in workers]
+    return step_world(workers, step, counts)
 
 
 def _train(
@@ -162,10 +146,7 @@ def _poisoned_step(
         rows[1][0] = gradient_value
     if loss_value is not None:
         rows[2][engine.num_params + engine.num_float_buffer_values] = loss_value
-    agreement = engine.agreement(rows)
-    message = engine.pack(
-        rows, rank=0, world_size=1, compute_seconds=seconds, leave=False, agreement=agreement
-    )
+    message = combine_rows([engine], [(rows, seconds)])
     return engine.apply(message, 1)
 
 
@@ -236,9 +217,10 @@ def test_mixed_precision_stays_bitwise_identical_across_world_sizes(precision: s
         assert _same(ours, reference), world_size
 
 
-def test_an_fp16_overflow_is_skipped_backs_off_and_is_not_counted() -> None:
+@pytest.mark.parametrize("mode", ["deterministic", "fast"])
+def test_an_fp16_overflow_is_skipped_backs_off_and_is_not_counted(mode: str) -> None:
     scaling = LossScaling(init_scale=2.0**40)  # the scaled gradient overflows fp16 in the backward pass
-    engine = _engine(_spec(precision="fp16", loss_scaling=scaling))
+    engine = _engine(_spec(precision="fp16", loss_scaling=scaling), mode)
     before = _bits(engine)
     [result] = _step([engine], 0)
     assert result.skipped and result.overflow
@@ -311,7 +293,9 @@ def test_the_loss_scale_rule_is_gradscalers() -> None:
 # --- state: everything survives a handover -------------------------------------------------------
 
 
-def _featured(counter: dict[str, int], precision: str = "fp16") -> VirtualNodeEngine:
+def _featured(
+    counter: dict[str, int], precision: str = "fp16", mode: str = "deterministic"
+) -> VirtualNodeEngine:
     def evaluate(model: torch.nn.Module) -> dict[str, float]:
         counter["evaluations"] += 1
         return {"accuracy": 0.5}
@@ -325,16 +309,18 @@ def _featured(counter: dict[str, int], precision: str = "fp16") -> VirtualNodeEn
             eval_fn=evaluate,
             eval_every=2,
             extra_state=(lambda: dict(counter), counter.update),
-        )
+        ),
+        mode,
     )
 
 
-def test_every_feature_survives_a_handover_exactly() -> None:
+@pytest.mark.parametrize("mode", ["deterministic", "fast"])
+def test_every_feature_survives_a_handover_exactly(mode: str) -> None:
     straight_counter = {"evaluations": 0}
-    straight, _ = _train(lambda: _featured(straight_counter), 1, 6)
+    straight, _ = _train(lambda: _featured(straight_counter, mode=mode), 1, 6)
 
     counter = {"evaluations": 0}
-    first, _ = _train(lambda: _featured(counter), 1, 3)
+    first, _ = _train(lambda: _featured(counter, mode=mode), 1, 3)
     counter["evaluations"] = 7
     first.evaluation.run(3)
     saved = state.to_bytes(state.capture(first, 3, 0.0))
@@ -343,7 +329,7 @@ def test_every_feature_survives_a_handover_exactly() -> None:
     resumed_counter = {"evaluations": 0}
     restored = state.from_bytes(saved)
     assert restored["extra"] == {"evaluations": 8}
-    resumed = _featured(resumed_counter)
+    resumed = _featured(resumed_counter, mode=mode)
     state.restore(resumed, restored)
     assert resumed_counter == {"evaluations": 8}
     assert resumed.evaluation.last == {"step": 3, "metrics": {"accuracy": 0.5}}
