@@ -15,7 +15,7 @@ import pytest
 import torch
 from ebbflow_api.waiting import wait_for
 
-from tests.trainer.trainer_cluster import Job, Node, assert_bitwise_equal, running_job
+from tests.trainer.trainer_cluster import Job, Node, assert_bitwise_equal, parameters_of, running_job
 
 TWO_PER_POD = ["--nproc-per-node", "2"]
 SLOW_STEPS = ["--simulated-vnode-seconds", "0.02"]
@@ -108,3 +108,28 @@ def test_nccl_on_gpus_trains_bitwise_like_one_gpu_process(tmp_path: Path) -> Non
             finals.append(job.final_checkpoint())
     assert finals[0]["step"] == finals[1]["step"] == 50
     assert_bitwise_equal(finals[1], finals[0])
+
+
+def _train_on_one_gpu(root: Path, pods: int, mode: str) -> dict[str, Any]:
+    """``pods`` single-process pods sharing the one GPU, reducing with gloo (nccl needs a GPU per rank)."""
+    root.mkdir()
+    args = ["--backend", "gloo", "--mode", mode]
+    with running_job(root, min_replicas=pods, max_replicas=pods, steps=50, extra_args=args) as job:
+        nodes = [job.start_node() for _ in range(pods)]
+        assert job.wait_all(nodes, 240) == [0] * pods, job.logs()
+        return job.final_checkpoint()
+
+
+@pytest.mark.gpu
+@gpu
+def test_deterministic_mode_on_a_gpu_is_bitwise_for_any_world_size(tmp_path: Path) -> None:
+    """Deterministic kernels (torch.use_deterministic_algorithms) and exact sums: one process or two on
+    the GPU give the same bits. Fast mode's buckets, reduced through gloo from CUDA tensors, stay
+    within float rounding of them."""
+    one = _train_on_one_gpu(tmp_path / "one", 1, "deterministic")
+    two = _train_on_one_gpu(tmp_path / "two", 2, "deterministic")
+    assert one["step"] == two["step"] == 50
+    assert_bitwise_equal(two, one)
+    fast = _train_on_one_gpu(tmp_path / "fast", 2, "fast")
+    for name, value in parameters_of(one).items():
+        assert torch.allclose(parameters_of(fast)[name].double(), value.double(), rtol=1e-4, atol=1e-6), name

@@ -101,6 +101,17 @@ def training_device(local_rank: int) -> torch.device:
     return device
 
 
+def use_deterministic_kernels() -> None:
+    """Deterministic mode on CUDA: a virtual node must give the same gradient bits in any process on
+    any GPU, so kernels that add with atomics (index_add, scatter_add and the backward of embeddings
+    and gathers) are replaced by deterministic ones, and cuBLAS gets the fixed workspace it needs for
+    reproducible results (set before its first use). An op without a deterministic implementation
+    raises, naming itself: such a model needs fast mode."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+
+
 class DistCollectives:
     """The engine's collectives over the default process group; a failed collective (a peer left or
     died) becomes ``ReductionFailed``. A tensor away from ``comm_device`` (a CUDA model with gloo)
@@ -148,6 +159,8 @@ class Worker:
         torch.manual_seed(config.seed)
         self.spec = load_spec(config.spec)
         self.backend = resolve_backend(config)
+        if config.mode == "deterministic" and torch.cuda.is_available():
+            use_deterministic_kernels()
         self.device = training_device(world.local_rank)
         # Before the optimizer holds state: Module.to moves the parameters in place, so the optimizer's
         # references stay valid (and a restored optimizer state follows its parameters' device).
