@@ -310,7 +310,17 @@ def test_import_resolution() -> None:
 
 # --- static: the decision modules are pure -------------------------------------------------------
 
-DECISION_MODULES = ["allocator", "capacity", "planner", "status", "manifests", "model"]
+DECISION_MODULES = [
+    "allocator",
+    "capacity",
+    "planner",
+    "status",
+    "manifests",
+    "model",
+    "throughput",
+    "loss_curve",
+    "policies",
+]
 if (PACKAGE_DIRS["ebbflow_operator"] / "decide.py").exists():
     DECISION_MODULES.append("decide")
 IMPURE = (

@@ -1,0 +1,377 @@
+"""Goodput (Pollux) and quality (SLAQ) allocation policies. Pure: demands, free GPUs, metrics -> counts.
+
+Both satisfy `allocator.Policy` (`allocate(demands, free)`); what the protocol does not carry -
+each job's measurements (`JobMetrics`, keyed by the same JobKey), the nodes' physical GPUs
+(`NodeDevices`) and the pass's clock - is given at construction, so the operator builds one per
+pass (a frozen dataclass; cheap). Jobs without metrics use the priors.
+
+Invariants shared with `PriorityFairShare`:
+- priority first: a higher level is served (up to what its objective wants, within max) before
+  a lower one sees a GPU; a job whose min does not fit gets 0 (oldest first within a level);
+- every granted count is 0 or within [min, max], and fits whole on eligible nodes (`Packing`);
+- running workers keep their nodes.
+Within a level, each job gets its minimum, then GPUs go to the job with the largest objective gain
+per GPU (a lazy greedy over a heap). A job's step is one worker, or a run of workers when its
+utility only pays off further on: to the next size where its busiest worker's share of the
+virtual nodes drops, to fill its nodes or one or two fresh nodes, or back to its current size.
+A job stops growing when more GPUs no longer help it (gain <= 0), so GPUs may stay free: the
+objective, unlike fair share, does not hand out GPUs that would not speed anyone up.
+
+Time-slicing: a node advertises `replicas` GPUs backed by `physical` devices. Workers beyond the
+physical count share devices; the packing prefers nodes with an idle physical device, and the
+models slow a job's compute by its most contended node's share (used replicas / physical).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import groupby
+
+from .allocator import Demand, Packing, PriorityFairShare
+from .loss_curve import LossCurve, fit_loss_curve
+from .model import JobKey
+from .throughput import JobModel, Measurement, Placement, ThroughputParams, fit_cached
+
+DEFAULT_RESCALE_PAUSE_S = 30.0
+NO_WORKERS_PENALTY = 1e9  # 1/speedup of a job with no workers: any first worker beats any growth
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """A node's physical GPUs and the `nvidia.com/gpu` replicas it advertises (time-slicing)."""
+
+    physical: int
+    replicas: int
+
+
+@dataclass(frozen=True)
+class JobMetrics:
+    """What the trainers reported for one job (all optional but the batch shape)."""
+
+    global_batch: int
+    virtual_nodes: int
+    measurements: tuple[Measurement, ...] = ()
+    noise_scale: float | None = None  # gradient noise scale phi
+    rescale_pause_s: float = DEFAULT_RESCALE_PAUSE_S  # measured pause of one rescale
+    rescales: int = 0  # how many times the job was resized so far
+    losses: tuple[tuple[float, float], ...] = ()  # (step, loss)
+    step: float | None = None  # steps done; defaults to the last loss report's step
+
+    def model(self) -> JobModel:
+        params = fit_cached(self.measurements) if self.measurements else ThroughputParams.prior()
+        return JobModel(params, self.global_batch, self.virtual_nodes, self.noise_scale)
+
+    def steps_done(self) -> float:
+        if self.step is not None:
+            return self.step
+        return max((k for k, _ in self.losses), default=0.0)
+
+
+def default_metrics(demand: Demand) -> JobMetrics:
+    """A job that reported nothing: one virtual node per possible worker, prior models."""
+    virtual = max(1, demand.max, demand.min)
+    return JobMetrics(global_batch=32 * virtual, virtual_nodes=virtual)
+
+
+def _fit(free: int, whole: int) -> tuple[bool, int]:
+    """Sort key: nodes that hold `whole` first, smallest first; then the others, largest first."""
+    return (False, free) if free >= whole else (True, -free)
+
+
+class SlicedPacking(Packing):
+    """`Packing` that knows physical devices and locality: after the nodes a job runs on now it
+    prefers a node where the worker gets an idle physical GPU, then one the job was just given
+    (fewer nodes, cheaper sync), then best fit; a job's first worker goes to the best-fitting node
+    that could hold the whole job, else the roomiest, so jobs grow locally instead of
+    interleaving. It also reports a job's placement."""
+
+    def __init__(self, free: Mapping[str, int], devices: Mapping[str, NodeDevices]) -> None:
+        super().__init__(free)
+        self.devices = devices
+        self._exclusive = {node: self._exclusive_of(node) for node in self.free}  # kept current
+
+    def _used(self, node: str) -> int:
+        dev = self.devices.get(node)
+        return dev.replicas - self.free.get(node, 0) if dev is not None else 0
+
+    def _exclusive_of(self, node: str) -> int:
+        """GPUs on `node` that would still get a device of their own (all free ones if unknown)."""
+        dev = self.devices.get(node)
+        free = self.free.get(node, 0)
+        return free if dev is None else max(0, min(free, dev.physical - self._used(node)))
+
+    def _shared(self, node: str, need: int) -> bool:
+        return self._exclusive.get(node, 0) < need
+
+    def peek(self, demand: Demand) -> str | None:
+        """The node `place` would use next ('' for a GPU-less worker, None when nothing fits)."""
+        need = demand.gpus_per_worker
+        if need <= 0:
+            return ""
+        for node in self._sticky.get(demand.key, list(demand.current_nodes)):
+            if node in demand.eligible and self.free.get(node, 0) >= need:
+                return node
+        fits = [name for name in demand.eligible if self.free.get(name, 0) >= need]
+        if not fits:
+            return None
+        mine = set(self._placed.get(demand.key, ()))
+        if mine:
+            return min(fits, key=lambda n: (self._shared(n, need), n not in mine, self.free[n], n))
+        # A first worker: best fit among the nodes that could hold the whole job, else the roomiest.
+        whole = demand.max * need
+        return min(fits, key=lambda n: (self._shared(n, need), *_fit(self.free[n], whole), n))
+
+    def place(self, demand: Demand) -> bool:
+        node = self.peek(demand)
+        if node is None:
+            return False
+        placed = self._placed.setdefault(demand.key, [])
+        if node:
+            sticky = self._sticky.setdefault(demand.key, list(demand.current_nodes))
+            self._sticky[demand.key] = sticky[sticky.index(node) + 1 :] if node in sticky else []
+            self.free[node] -= demand.gpus_per_worker
+            self._exclusive[node] = self._exclusive_of(node)
+        placed.append(node)
+        return True
+
+    def withdraw(self, demand: Demand) -> None:
+        nodes = set(self._placed.get(demand.key, ()))
+        super().withdraw(demand)
+        for node in nodes - {""}:
+            self._exclusive[node] = self._exclusive_of(node)
+
+    def room(self, demand: Demand) -> tuple[int, int, int]:
+        """(workers that still get an exclusive device on the job's nodes, workers a fresh node
+        holds exclusively, how many other eligible nodes could take at least one that way)."""
+        need = max(1, demand.gpus_per_worker)
+        mine = {n for n in self._placed.get(demand.key, ()) if n}
+        exclusive = self._exclusive
+        room = sum(exclusive.get(n, 0) // need for n in mine)
+        spare = [w for w in (exclusive.get(n, 0) // need for n in demand.eligible if n not in mine) if w > 0]
+        return room, max(spare, default=1), len(spare)
+
+    def share(self, node: str, extra: int = 0) -> float:
+        dev = self.devices.get(node)
+        if dev is None or dev.physical <= 0:
+            return 1.0
+        return max(1.0, (self._used(node) + extra) / dev.physical)
+
+    def placement(self, demand: Demand, extra: str | None = None) -> Placement:
+        """The job's placement now, or with one more worker on `extra`."""
+        nodes = list(self._placed.get(demand.key, ()))
+        if extra is not None:
+            nodes.append(extra)
+        real = {n for n in nodes if n}
+        share = max((self.share(n, demand.gpus_per_worker if n == extra else 0) for n in real), default=1.0)
+        return Placement(workers=len(nodes), nodes=max(1, len(real)), share=share)
+
+
+# A job's utility at a placement (higher is better); the greedy maximises their sum.
+Utility = Callable[[Demand, Placement], float]
+# Sizes above a count where the job's utility may jump (e.g. where its per-worker load drops).
+Breakpoints = Callable[[Demand, int], Iterable[int]]
+
+
+def virtual_node_breakpoints(virtual_nodes: int, count: int, how_many: int = 2) -> list[int]:
+    """The next sizes above `count` at which the busiest worker's share ceil(V/K) of V virtual nodes
+    drops (between them extra workers only add sync: a one-step greedy would stop on the plateau)."""
+    sizes: list[int] = []
+    load = math.ceil(virtual_nodes / max(1, count))
+    while load > 1 and len(sizes) < how_many:
+        load -= 1
+        size = math.ceil(virtual_nodes / load)
+        if size > count and (not sizes or size > sizes[-1]):
+            sizes.append(size)
+    return sizes
+
+
+def _current_placement(demand: Demand, packing: SlicedPacking) -> Placement:
+    """The job back at its current size on its current nodes."""
+    nodes = set(demand.current_nodes)
+    share = max((packing.share(n) for n in nodes if n), default=1.0)
+    return Placement(len(demand.current_nodes), max(1, len(nodes)), share)
+
+
+def _jumps(
+    demand: Demand, packing: SlicedPacking, count: int, breakpoints: Iterable[int]
+) -> dict[int, Placement]:
+    """Sizes worth more than one step, with projected placements: the breakpoints, the room left on
+    the job's nodes plus none, one or two whole new nodes (sync cost jumps when a job first spans
+    nodes), all on exclusive devices; and straight back to the current size."""
+    room, per_node, spare = packing.room(demand)
+    here = packing.placement(demand)
+    sizes = {count + room + extra * per_node for extra in range(min(2, spare) + 1)} | set(breakpoints)
+    jumps: dict[int, Placement] = {}
+    for size in sizes:
+        beyond = size - count - room
+        new = 0 if beyond <= 0 else math.ceil(beyond / per_node)
+        if count + 1 < size <= demand.max and new <= spare:
+            jumps[size] = Placement(size, max(1, (here.nodes if count else 0) + new), here.share)
+    current = len(demand.current_nodes)
+    if count + 1 < current <= demand.max:
+        jumps[current] = _current_placement(demand, packing)
+    return jumps
+
+
+def _best_step(
+    demand: Demand, packing: SlicedPacking, utility: Utility, breakpoints: Breakpoints
+) -> tuple[float, int]:
+    """(gain per GPU, workers to add): the best of one more worker and the `_jumps`."""
+    count = packing.count(demand.key)
+    if count >= demand.max:
+        return 0.0, 0
+    node = packing.peek(demand)
+    if node is None:
+        return 0.0, 0
+    now = utility(demand, packing.placement(demand))
+    gpus = max(1, demand.gpus_per_worker)
+    best = ((utility(demand, packing.placement(demand, node)) - now) / gpus, 1)
+    for size, placement in _jumps(demand, packing, count, breakpoints(demand, count)).items():
+        jump = (utility(demand, placement) - now) / (gpus * (size - count))
+        best = max(best, (jump, size - count))
+    return best
+
+
+def _grow(jobs: Sequence[Demand], packing: SlicedPacking, utility: Utility, breakpoints: Breakpoints) -> None:
+    """Lazy greedy: pop the largest (possibly stale) gain, recompute, place if it still leads."""
+    heap: list[tuple[float, float, JobKey, int, Demand]] = []
+    for d in jobs:
+        gain, add = _best_step(d, packing, utility, breakpoints)
+        if add and gain > 0:
+            heap.append((-gain, d.created, d.key, add, d))
+    heapq.heapify(heap)
+    while heap:
+        _, created, key, _, demand = heapq.heappop(heap)
+        gain, add = _best_step(demand, packing, utility, breakpoints)
+        if not add or gain <= 0:
+            continue
+        if heap and -heap[0][0] > gain + 1e-12:  # stale: someone else leads now
+            heapq.heappush(heap, (-gain, created, key, add, demand))
+            continue
+        for _ in range(add):
+            if not packing.place(demand):
+                break
+        gain, add = _best_step(demand, packing, utility, breakpoints)
+        if add and gain > 0:
+            heapq.heappush(heap, (-gain, created, key, add, demand))
+
+
+def _allocate(
+    demands: Sequence[Demand], packing: SlicedPacking, utility: Utility, breakpoints: Breakpoints
+) -> dict[JobKey, int]:
+    ordered = sorted(demands, key=lambda d: (-d.priority, d.created, d.key))
+    for _, level in groupby(ordered, key=lambda d: d.priority):
+        jobs = [d for d in level if d.max >= d.min]
+        growing = [d for d in jobs if packing.place_min(d)]
+        for cpu_only in (d for d in growing if d.gpus_per_worker <= 0):  # takes nothing from anyone
+            while packing.count(cpu_only.key) < cpu_only.max:
+                packing.place(cpu_only)
+        _grow([d for d in growing if d.gpus_per_worker > 0], packing, utility, breakpoints)
+    return {d.key: packing.count(d.key) for d in demands}
+
+
+def _typical_node(demand: Demand, free: Mapping[str, int], devices: Mapping[str, NodeDevices]) -> int:
+    sizes = [devices[n].physical if n in devices else free.get(n, 0) for n in demand.eligible]
+    return max([s for s in sizes if s > 0], default=1)
+
+
+def _breakpoints(info: Mapping[JobKey, JobMetrics]) -> Breakpoints:
+    return lambda demand, count: virtual_node_breakpoints(info[demand.key].virtual_nodes, count)
+
+
+@dataclass(frozen=True)
+class GoodputPolicy:
+    """Pollux: maximise the harmonic mean (power mean, p = -1) of speedups over fair share.
+
+    A job's speedup at a placement is its goodput there over its goodput at its max-min fair share
+    (packed on as few nodes as possible, no time-slicing); maximising the harmonic mean is
+    minimising the sum of 1/speedup. Any size other than the job's current one is discounted by
+    Pollux's restart factor (age - rescales * pause) / (age + pause), age = now - created, so a
+    resize must buy more than its measured pause; a job not yet running pays nothing.
+    """
+
+    metrics: Mapping[JobKey, JobMetrics] = field(default_factory=dict)
+    devices: Mapping[str, NodeDevices] = field(default_factory=dict)
+    now: float = 0.0
+    name: str = field(default="goodput")
+
+    def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]:
+        fair = PriorityFairShare().allocate(demands, free)
+        info = {d.key: self.metrics.get(d.key, default_metrics(d)) for d in demands}
+        models = {key: m.model() for key, m in info.items()}
+        baseline = {d.key: self._baseline(d, models[d.key], fair[d.key], free) for d in demands}
+
+        def utility(demand: Demand, placement: Placement) -> float:
+            if placement.workers <= 0:
+                return -NO_WORKERS_PENALTY
+            speedup = models[demand.key].goodput(placement) / baseline[demand.key]
+            if placement.workers != len(demand.current_nodes):
+                speedup *= self._restart_factor(demand)
+            return -1.0 / speedup if speedup > 0 else -NO_WORKERS_PENALTY
+
+        return _allocate(demands, SlicedPacking(free, self.devices), utility, _breakpoints(info))
+
+    def _baseline(self, demand: Demand, model: JobModel, fair: int, free: Mapping[str, int]) -> float:
+        workers = fair if fair > 0 else max(1, demand.min)
+        nodes = math.ceil(
+            workers * max(1, demand.gpus_per_worker) / _typical_node(demand, free, self.devices)
+        )
+        return max(model.goodput(Placement(workers, max(1, nodes))), 1e-12)
+
+    def _restart_factor(self, demand: Demand) -> float:
+        if not demand.current_nodes:
+            return 1.0
+        metrics = self.metrics.get(demand.key)
+        pause = metrics.rescale_pause_s if metrics else DEFAULT_RESCALE_PAUSE_S
+        rescales = metrics.rescales if metrics else 0
+        age = max(0.0, self.now - demand.created)
+        return max(1e-6, (age - rescales * pause) / (age + pause))
+
+
+@lru_cache(maxsize=4096)
+def _curve(losses: tuple[tuple[float, float], ...]) -> LossCurve | None:
+    """The job's fitted curve, memoised across passes; None below 3 reports."""
+    return fit_loss_curve(losses)
+
+
+@dataclass(frozen=True)
+class QualityPolicy:
+    """SLAQ: give each GPU to the job whose normalised loss would fall most over the next `horizon_s`.
+
+    A job's utility at a placement is its fitted loss curve's normalised reduction over the steps
+    it would make in the horizon (steps/s from the throughput model, time-slicing included). Jobs
+    with fewer than 3 loss reports use `LossCurve.prior` from step 0, set to halve the loss over
+    the horizon on the job's minimum (at least one worker): new jobs are early, with big
+    reductions, as SLAQ observes, but more GPUs still help them by a finite amount.
+    """
+
+    metrics: Mapping[JobKey, JobMetrics] = field(default_factory=dict)
+    devices: Mapping[str, NodeDevices] = field(default_factory=dict)
+    now: float = 0.0  # unused: the curves carry their own steps; kept so both policies build alike
+    horizon_s: float = 300.0
+    name: str = field(default="quality")
+
+    def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]:
+        info = {d.key: self.metrics.get(d.key, default_metrics(d)) for d in demands}
+        models = {key: m.model() for key, m in info.items()}
+        curves = {d.key: self._curve(d, info[d.key], models[d.key]) for d in demands}
+
+        def utility(demand: Demand, placement: Placement) -> float:
+            if placement.workers <= 0:
+                return 0.0
+            curve, step = curves[demand.key]
+            return curve.normalised_reduction(step, self.horizon_s / models[demand.key].step_s(placement))
+
+        return _allocate(demands, SlicedPacking(free, self.devices), utility, _breakpoints(info))
+
+    def _curve(self, demand: Demand, metrics: JobMetrics, model: JobModel) -> tuple[LossCurve, float]:
+        """(curve, the step the job is at): fitted, or the prior from step 0."""
+        fitted = _curve(metrics.losses)
+        if fitted is not None:
+            return fitted, metrics.steps_done()
+        half = self.horizon_s / model.step_s(Placement(max(1, demand.min)))
+        return LossCurve.prior(half), 0.0

@@ -1,0 +1,242 @@
+"""Pollux's throughput and goodput model for one job. Pure: parameters and measurements in, seconds out.
+
+One optimiser step of a data-parallel job on K workers (Pollux, OSDI'21, eq. 8):
+
+    T_iter(K, m, s) = s * T_acc + (T_acc^gamma + T_net^gamma)^(1/gamma)
+    T_acc(m)        = alpha_c + beta_c * m                    (forward+backward of one micro-batch)
+    T_net(K, place) = 0 for K == 1, else alpha + beta * (K - 2)  (gradient sync; separate
+                      (alpha, beta) for workers on one node and for workers spread over nodes)
+
+`s` is the number of gradient-accumulation micro-batches before the synchronising one; `gamma` in
+[1, 10] says how much the last backward pass overlaps the sync (1: none, 10: almost fully).
+Ebbflow keeps the global batch B fixed through V virtual nodes of B/V samples: a worker processes
+ceil(V/K) of them, so m = B/V and s = ceil(V/K) - 1 (`step_shape`); workers beyond V idle.
+
+Time-slicing: a placement's `share` (>= 1) is how many workers share each physical GPU on the
+job's most contended node; compute runs `share` times slower there, plus TIME_SLICE_OVERHEAD for
+the context switches (an assumed constant), and synchronous training waits for the slowest
+worker, so T_acc is multiplied by `slowdown(share)`. Exclusive devices are therefore preferred.
+
+Fitting (`fit`) is plain Python (numpy is not an operator dependency): the compute line by
+weighted linear least squares on the measured compute seconds; then, for each gamma on a coarse
+log grid refined by golden-section search, the per-measurement sync time implied by the model is
+fitted with one line per placement class, and the gamma with the least squared error in *step
+time* wins. Classes without measurements keep the prior's line. Every fitted value is >= 0, so
+predictions are positive and T_iter never falls when K or m grows past the sync's start.
+
+Goodput = throughput x statistical efficiency E(M) = (phi + M0) / (phi + M) (phi: gradient noise
+scale, M0: the batch the job was tuned for). With the batch fixed (M == M0), E == 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+GAMMA_MIN = 1.0
+GAMMA_MAX = 10.0
+TIME_SLICE_OVERHEAD = 0.1  # a time-sliced device does 10% less work than its share (context switches)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job's workers run: how many, on how many nodes, and the time-slicing share (>= 1)."""
+
+    workers: int
+    nodes: int = 1
+    share: float = 1.0
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One report from the trainers: step and micro-batch compute seconds at a known shape."""
+
+    workers: int
+    micro_batch: float  # samples per micro-batch (m)
+    step_s: float  # seconds per optimiser step
+    compute_s: float  # seconds of forward+backward for one micro-batch (as measured, slowed by share)
+    nodes: int = 1
+    accum_steps: int = 0  # s: micro-batches accumulated before the synchronising one
+    share: float = 1.0  # time-slicing share the workers ran under
+
+
+@dataclass(frozen=True)
+class ThroughputParams:
+    """Parameters of T_iter; every value >= 0 and 1 <= gamma <= 10."""
+
+    alpha_c: float
+    beta_c: float
+    alpha_local: float
+    beta_local: float
+    alpha_net: float
+    beta_net: float
+    gamma: float
+
+    @classmethod
+    def prior(cls) -> ThroughputParams:
+        """Before any measurement: 1 ms/sample compute plus 5 ms launch overhead; sync of 5 ms within a
+        node and 20 ms across nodes (about half a 32-sample micro-batch), growing slowly with K,
+        partly overlapped (gamma 2). A new job scales well but not perfectly, so it neither hoards
+        GPUs nor starves until its trainers report."""
+        return cls(0.005, 0.001, 0.005, 0.0005, 0.02, 0.001, 2.0)
+
+    def compute_s(self, micro_batch: float) -> float:
+        return self.alpha_c + self.beta_c * micro_batch
+
+    def sync_s(self, placement: Placement) -> float:
+        if placement.workers <= 1:
+            return 0.0
+        if placement.nodes <= 1:
+            return self.alpha_local + self.beta_local * (placement.workers - 2)
+        return self.alpha_net + self.beta_net * (placement.workers - 2)
+
+    def step_s(self, placement: Placement, micro_batch: float, accum_steps: int) -> float:
+        """Predicted seconds per optimiser step (T_iter)."""
+        compute = self.compute_s(micro_batch) * slowdown(placement.share)
+        return accum_steps * compute + _overlap(compute, self.sync_s(placement), self.gamma)
+
+
+def slowdown(share: float) -> float:
+    """How much slower compute runs when `share` workers share each physical GPU."""
+    return 1.0 if share <= 1.0 else share * (1.0 + TIME_SLICE_OVERHEAD)
+
+
+def _overlap(compute: float, sync: float, gamma: float) -> float:
+    if sync <= 0.0:
+        return compute
+    top = max(compute, sync)
+    return float(top * ((compute / top) ** gamma + (sync / top) ** gamma) ** (1.0 / gamma))
+
+
+def step_shape(global_batch: int, virtual_nodes: int, workers: int) -> tuple[float, int]:
+    """(micro-batch m, accumulation steps s) of a worker when B is split into V virtual nodes."""
+    v = max(1, virtual_nodes)
+    per_worker = math.ceil(v / max(1, workers))
+    return global_batch / v, per_worker - 1
+
+
+def statistical_efficiency(batch: float, tuned_batch: float, noise_scale: float | None) -> float:
+    """E(M) = (phi + M0) / (phi + M); 1 without a noise-scale estimate."""
+    if noise_scale is None or noise_scale < 0:
+        return 1.0
+    return (noise_scale + tuned_batch) / (noise_scale + batch)
+
+
+@dataclass(frozen=True)
+class JobModel:
+    """A job's goodput as a function of its placement (samples of tuned-batch progress per second)."""
+
+    params: ThroughputParams
+    global_batch: int
+    virtual_nodes: int
+    noise_scale: float | None = None
+    tuned_batch: int | None = None
+
+    def step_s(self, placement: Placement) -> float:
+        micro, accum = step_shape(self.global_batch, self.virtual_nodes, placement.workers)
+        return max(self.params.step_s(placement, micro, accum), 1e-9)  # > 0 even for all-zero params
+
+    def goodput(self, placement: Placement) -> float:
+        if placement.workers <= 0:
+            return 0.0
+        tuned = self.tuned_batch if self.tuned_batch is not None else self.global_batch
+        efficiency = statistical_efficiency(self.global_batch, tuned, self.noise_scale)
+        return self.global_batch * efficiency / self.step_s(placement)
+
+
+# --- fitting -------------------------------------------------------------------------------------
+
+
+def _line(xs: Sequence[float], ys: Sequence[float], fallback_slope: float) -> tuple[float, float]:
+    """Least-squares (intercept, slope), both >= 0; one distinct x keeps the fallback slope."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 1e-12:
+        slope = fallback_slope
+    else:
+        slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx)
+    intercept = my - slope * mx
+    if intercept < 0.0:  # through the origin instead
+        sxx0 = sum(x * x for x in xs)
+        sxy0 = sum(x * y for x, y in zip(xs, ys, strict=True))
+        return 0.0, max(0.0, sxy0 / sxx0) if sxx0 > 0 else 0.0
+    return intercept, slope
+
+
+def _fit_compute(data: Sequence[Measurement], prior: ThroughputParams) -> tuple[float, float]:
+    xs = [m.micro_batch for m in data]
+    ys = [m.compute_s / slowdown(m.share) for m in data]
+    if max(xs) - min(xs) > 1e-9:
+        return _line(xs, ys, prior.beta_c)
+    # One micro-batch size seen: keep the prior's split between fixed and per-sample cost.
+    scale = (sum(ys) / len(ys)) / max(prior.compute_s(xs[0]), 1e-12)
+    return prior.alpha_c * scale, prior.beta_c * scale
+
+
+def _implied_sync(m: Measurement, compute: float, gamma: float) -> float:
+    """T_net that makes the model's step time equal the measured one (0 when compute explains it)."""
+    last = max(m.step_s - m.accum_steps * compute, compute)
+    return float((last**gamma - compute**gamma) ** (1.0 / gamma))
+
+
+def _fit_sync(
+    data: Sequence[Measurement], base: ThroughputParams, gamma: float
+) -> tuple[ThroughputParams, float]:
+    """Best sync lines for this gamma and their squared error in step seconds."""
+    params = replace(base, gamma=gamma)
+    for local in (True, False):
+        group = [m for m in data if m.workers >= 2 and (m.nodes <= 1) == local]
+        if not group:
+            continue
+        xs = [float(m.workers - 2) for m in group]
+        ys = [_implied_sync(m, base.compute_s(m.micro_batch) * slowdown(m.share), gamma) for m in group]
+        slope = base.beta_local if local else base.beta_net
+        alpha, beta = _line(xs, ys, slope)
+        fields = ("alpha_local", "beta_local") if local else ("alpha_net", "beta_net")
+        params = replace(params, **{fields[0]: alpha, fields[1]: beta})
+    error = sum(
+        (params.step_s(Placement(m.workers, m.nodes, m.share), m.micro_batch, m.accum_steps) - m.step_s) ** 2
+        for m in data
+    )
+    return params, error
+
+
+def _golden_min(f: Callable[[float], float], lo: float, hi: float, rounds: int = 20) -> float:
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = lo, hi
+    for _ in range(rounds):
+        c, d = b - ratio * (b - a), a + ratio * (b - a)
+        if f(c) <= f(d):
+            b = d
+        else:
+            a = c
+    return (a + b) / 2.0
+
+
+def fit(measurements: Sequence[Measurement], prior: ThroughputParams | None = None) -> ThroughputParams:
+    """The parameters that best explain the measurements; the prior where they say nothing."""
+    base = prior if prior is not None else ThroughputParams.prior()
+    data = [m for m in measurements if m.workers >= 1 and m.step_s > 0 and m.compute_s > 0]
+    if not data:
+        return base
+    alpha_c, beta_c = _fit_compute(data, base)
+    base = replace(base, alpha_c=alpha_c, beta_c=beta_c)
+    if not any(m.workers >= 2 for m in data):
+        return base
+    grid = [GAMMA_MIN * (GAMMA_MAX / GAMMA_MIN) ** (i / 12) for i in range(13)]
+    errors = [_fit_sync(data, base, g)[1] for g in grid]
+    best = min(range(len(grid)), key=lambda i: errors[i])
+    lo, hi = grid[max(0, best - 1)], grid[min(len(grid) - 1, best + 1)]
+    gamma = _golden_min(lambda g: _fit_sync(data, base, g)[1], lo, hi)
+    return _fit_sync(data, base, gamma)[0]
+
+
+@lru_cache(maxsize=4096)
+def fit_cached(
+    measurements: tuple[Measurement, ...], prior: ThroughputParams | None = None
+) -> ThroughputParams:
+    """`fit`, memoised: a policy pass refits only the jobs whose measurements changed."""
+    return fit(measurements, prior)

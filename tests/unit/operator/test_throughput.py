@@ -1,0 +1,164 @@
+"""Throughput model (Pollux): prediction, fit from synthetic measurements, prior, statistical efficiency."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from ebbflow_operator.throughput import (
+    TIME_SLICE_OVERHEAD,
+    JobModel,
+    Measurement,
+    Placement,
+    ThroughputParams,
+    fit,
+    fit_cached,
+    slowdown,
+    statistical_efficiency,
+    step_shape,
+)
+
+TRUE = ThroughputParams(
+    alpha_c=0.01, beta_c=0.002, alpha_local=0.02, beta_local=0.003, alpha_net=0.1, beta_net=0.01, gamma=3.0
+)
+
+
+def measure(truth: ThroughputParams, noise: float = 0.0, seed: int = 0) -> list[Measurement]:
+    """Measurements at K in {1..16}, on one and on two nodes, three micro-batch sizes, s = 1."""
+    rnd = random.Random(seed)
+    shots = []
+    for workers in (1, 2, 4, 8, 16):
+        for nodes in (1, 2) if workers > 1 else (1,):
+            for micro in (16.0, 32.0, 64.0):
+                step = truth.step_s(Placement(workers, nodes), micro, 1) * (1 + rnd.gauss(0, noise))
+                compute = truth.compute_s(micro) * (1 + rnd.gauss(0, noise))
+                shots.append(Measurement(workers, micro, step, compute, nodes, 1))
+    return shots
+
+
+@pytest.mark.parametrize(
+    ("batch", "virtual", "workers", "expected"),
+    [
+        pytest.param(512, 64, 1, (8.0, 63), id="one worker does every virtual node"),
+        pytest.param(512, 64, 64, (8.0, 0), id="one virtual node each"),
+        pytest.param(512, 64, 100, (8.0, 0), id="workers beyond V idle"),
+        pytest.param(512, 64, 3, (8.0, 21), id="uneven split: the busiest worker counts"),
+        pytest.param(512, 0, 0, (512.0, 0), id="degenerate V and K"),
+    ],
+)
+def test_step_shape(batch: int, virtual: int, workers: int, expected: tuple[float, int]) -> None:
+    assert step_shape(batch, virtual, workers) == expected
+
+
+@pytest.mark.parametrize(
+    ("batch", "tuned", "noise", "expected"),
+    [
+        pytest.param(256, 256, 1000.0, 1.0, id="fixed batch: no loss"),
+        pytest.param(512, 256, 256.0, 2 / 3, id="double batch, phi = M0"),
+        pytest.param(512, 256, None, 1.0, id="no noise scale yet"),
+        pytest.param(128, 256, 0.0, 2.0, id="smaller batch, phi 0"),
+    ],
+)
+def test_statistical_efficiency(batch: int, tuned: int, noise: float | None, expected: float) -> None:
+    assert statistical_efficiency(batch, tuned, noise) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("gamma", "expected"),
+    [
+        pytest.param(1.0, 0.03 + 0.02, id="gamma 1: no overlap, sum"),
+        pytest.param(10.0, 0.03, id="gamma 10: almost max"),
+    ],
+)
+def test_overlap_of_compute_and_sync(gamma: float, expected: float) -> None:
+    params = ThroughputParams(0.03, 0.0, 0.02, 0.0, 0.02, 0.0, gamma)
+    assert params.step_s(Placement(2, 1), 1.0, 0) == pytest.approx(expected, rel=0.01)
+
+
+def test_one_worker_has_no_sync_and_time_slicing_slows_compute() -> None:
+    alone = TRUE.step_s(Placement(1), 32.0, 3)
+    assert alone == pytest.approx(4 * TRUE.compute_s(32.0))
+    assert slowdown(2.0) == pytest.approx(2.0 * (1 + TIME_SLICE_OVERHEAD))
+    assert TRUE.step_s(Placement(1, share=2.0), 32.0, 3) == pytest.approx(slowdown(2.0) * alone)
+
+
+def test_fit_recovers_noise_free_parameters() -> None:
+    fitted = fit(measure(TRUE))
+    for name in ("alpha_c", "beta_c", "alpha_local", "beta_local", "alpha_net", "beta_net", "gamma"):
+        assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), rel=0.05), name
+
+
+def test_noisy_fit_predicts_unseen_sizes() -> None:
+    fitted = fit(measure(TRUE, noise=0.02, seed=1))
+    for workers, nodes in ((3, 1), (12, 2), (32, 4)):
+        placement = Placement(workers, nodes)
+        assert fitted.step_s(placement, 48.0, 2) == pytest.approx(TRUE.step_s(placement, 48.0, 2), rel=0.05)
+
+
+def test_no_measurements_is_the_prior() -> None:
+    assert fit([]) == ThroughputParams.prior()
+    assert fit([Measurement(2, 32.0, step_s=0.0, compute_s=0.1)]) == ThroughputParams.prior()
+
+
+def test_single_worker_measurements_fit_compute_only() -> None:
+    shots = [m for m in measure(TRUE) if m.workers == 1]
+    fitted = fit(shots)
+    assert fitted.beta_c == pytest.approx(TRUE.beta_c, rel=0.01)
+    assert fitted.alpha_c == pytest.approx(TRUE.alpha_c, rel=0.01)
+    prior = ThroughputParams.prior()
+    assert (fitted.alpha_net, fitted.beta_net, fitted.gamma) == (prior.alpha_net, prior.beta_net, prior.gamma)
+
+
+def test_one_micro_batch_scales_the_prior_compute() -> None:
+    shots = [Measurement(1, 32.0, step_s=0.2, compute_s=0.2)]
+    assert fit(shots).compute_s(32.0) == pytest.approx(0.2)
+
+
+def test_compute_measured_under_time_slicing_is_corrected() -> None:
+    shots = [
+        Measurement(1, micro, TRUE.compute_s(micro) * 2.2, TRUE.compute_s(micro) * 2.2, share=2.0)
+        for micro in (16.0, 64.0)
+    ]
+    assert fit(shots).compute_s(32.0) == pytest.approx(TRUE.compute_s(32.0))
+
+
+def test_fitted_values_are_never_negative() -> None:
+    # Sync time that falls with K (noise) must not give a negative slope.
+    shots = [Measurement(k, 32.0, 0.2 - 0.001 * k, 0.05, nodes=2) for k in (2, 4, 8)]
+    fitted = fit(shots)
+    assert min(fitted.alpha_net, fitted.beta_net, fitted.alpha_c, fitted.beta_c) >= 0
+    assert 1.0 <= fitted.gamma <= 10.0
+
+
+def test_fit_is_memoised() -> None:
+    shots = tuple(measure(TRUE))
+    assert fit_cached(shots) is fit_cached(shots)
+
+
+@pytest.mark.parametrize(
+    ("params", "better_at_16"),
+    [
+        pytest.param(TRUE, True, id="cheap sync: 16 workers beat 4"),
+        pytest.param(
+            ThroughputParams(0.001, 0.0001, 0.5, 0.2, 1.0, 0.5, 1.0), False, id="sync-bound: 16 lose to 4"
+        ),
+    ],
+)
+def test_goodput_follows_scaling(params: ThroughputParams, better_at_16: bool) -> None:
+    model = JobModel(params, global_batch=512, virtual_nodes=64)
+    assert (model.goodput(Placement(16, 4)) > model.goodput(Placement(4, 1))) is better_at_16
+
+
+def test_goodput_is_zero_without_workers_and_flat_beyond_virtual_nodes() -> None:
+    model = JobModel(TRUE, global_batch=512, virtual_nodes=8)
+    assert model.goodput(Placement(0)) == 0.0
+    assert model.goodput(Placement(16, 2)) <= model.goodput(Placement(8, 2))
+    expected = 512 / TRUE.step_s(Placement(8, 2), 64.0, 0)
+    assert math.isclose(model.goodput(Placement(8, 2)), expected)
+
+
+def test_all_zero_parameters_still_give_a_positive_step() -> None:
+    model = JobModel(ThroughputParams(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0), global_batch=64, virtual_nodes=4)
+    assert model.step_s(Placement(2)) > 0
+    assert math.isfinite(model.goodput(Placement(2)))
