@@ -14,7 +14,7 @@ INSTALL_STAMP := $(VENV)/.installed
 PYPROJECTS := pyproject.toml api/pyproject.toml operator/pyproject.toml trainer-image/pyproject.toml
 
 .PHONY: help demo install tools cluster-up cluster-down lint typecheck test test-unit test-trainer \
-	test-integration crds bench-operator bench-trainer clean
+	test-integration crds base-image images images-test bench-operator bench-trainer clean
 
 help: ## List every target with one line.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -62,6 +62,15 @@ test-integration: install tools ## Integration tier: real control plane with KWO
 
 crds: install ## Regenerate crds/ from the API models (api/ebbflow_api/models.py).
 	$(PY) -m ebbflow_api.crd > crds/ebbflow.dev_elastictrainingjobs.yaml
+
+base-image: ## Python base image (ebbflow/python:dev) from Debian packages, without a registry; cached per machine.
+	@bash hack/images/build-images.sh base
+
+images: ## Base, operator and trainer images (ebbflow/*:dev, trainer also :dev-cpu); cached, rebuilt when inputs change. See docs/images.md.
+	@bash hack/images/build-images.sh
+
+images-test: images ## Smoke-test the images: read-only root, non-root, offline, a two-node training run.
+	@bash hack/images/smoke-test.sh
 
 bench-operator: install tools ## Operator benchmark: 100 jobs on 500 fake GPU nodes (about 12 min); see bench/README.md.
 	$(PY) bench/operator_bench.py
