@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     del flags["command"]
     try:
         config = from_environment(os.environ, **flags)
+        _check_checkpoint_path(config)
         _check_spec(config)
     except ConfigError as error:
         why = f"invalid configuration: {error}"
@@ -117,6 +118,29 @@ def main(argv: list[str] | None = None) -> int:
     from ebbflow_trainer.launcher import run as launch
 
     return launch(config)
+
+
+def _check_checkpoint_path(config: TrainerConfig) -> None:
+    """Rank 0 writes checkpoints there: a path it cannot write would fail it at its first checkpoint
+    while the other workers wait out the join timeout, so every worker checks before joining."""
+    import tempfile
+    from pathlib import Path
+
+    from ebbflow_trainer.config import ConfigError
+
+    if not config.checkpoint_path:
+        return
+    path = Path(config.checkpoint_path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".ebbflow-write-check-"):
+            pass
+    except OSError as error:
+        raise ConfigError(
+            f"{contract.ENV_CHECKPOINT_PATH}={path} (spec.checkpoint.path) is not writable "
+            f"({error.strerror or error}): mount a writable volume there (a ReadWriteMany "
+            "PersistentVolumeClaim on a real cluster, an emptyDir to try it) or change spec.checkpoint.path."
+        ) from None
 
 
 def _check_spec(config: TrainerConfig) -> None:

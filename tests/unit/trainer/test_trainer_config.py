@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from ebbflow_api import contract
 from ebbflow_api.models import ElasticTrainingJobSpec
+from ebbflow_trainer.__main__ import _check_checkpoint_path, main
 from ebbflow_trainer.config import ConfigError, TrainerConfig, from_environment
 
 from tests.trainer_config import VALID_ENVIRONMENT
@@ -86,3 +89,32 @@ def test_the_row_table_limit_is_a_byte_count() -> None:
     )
     with pytest.raises(ConfigError, match="--row-table-limit"):
         from_environment(VALID, spec="train.py", state_dir="/tmp/x", row_table_limit=-1)
+
+
+def test_an_unwritable_checkpoint_path_fails_before_joining(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under a file, no directory can be made (root ignores permission bits, so a read-only
+    directory would not do); the worker stops with the invalid-configuration code, naming the path."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for name, value in VALID_ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(contract.ENV_CHECKPOINT_PATH, str(blocker / "checkpoints"))
+    message = tmp_path / "termination-log"
+    monkeypatch.setenv(contract.ENV_TERMINATION_MESSAGE_PATH, str(message))
+    code = main(["run", "never-loaded.py", "--state-dir", str(tmp_path / "state")])
+    assert code == contract.EXIT_INVALID_CONFIG
+    error = capsys.readouterr().err
+    assert f"{contract.ENV_CHECKPOINT_PATH}={blocker / 'checkpoints'}" in error and "not writable" in error
+    assert "spec.checkpoint.path" in message.read_text()
+
+
+def test_a_writable_checkpoint_path_is_created_and_left_clean(tmp_path: Path) -> None:
+    config = from_environment(
+        {**VALID_ENVIRONMENT, contract.ENV_CHECKPOINT_PATH: str(tmp_path / "new" / "checkpoints")},
+        spec="train.py",
+        state_dir=str(tmp_path / "state"),
+    )
+    _check_checkpoint_path(config)
+    assert list((tmp_path / "new" / "checkpoints").iterdir()) == []
