@@ -225,7 +225,7 @@ def start_operator(kubeconfig: Path, port: int) -> subprocess.Popen[bytes]:
     command = [
         *(sys.executable, "-m", "ebbflow_operator", "--namespace", NAMESPACE),
         *("--node-selector", f"{GROUP_LABEL}=yes", "--log-level", "INFO"),
-        *("--metrics-port", str(port), "--metrics-address", "127.0.0.1"),
+        *("--metrics-port", str(port), "--metrics-address", "127.0.0.1", "--health-port", "0"),
     ]
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     return subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)

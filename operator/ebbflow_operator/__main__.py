@@ -101,6 +101,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="port of /metrics; 0 turns it off (default 8080)",
     )
     parser.add_argument("--metrics-address", default=_env("METRICS_ADDRESS", "0.0.0.0"))
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=int(_env("HEALTH_PORT", "8081")),
+        help="port of kopf's liveness endpoint /healthz (on --metrics-address); 0 turns it off "
+        "(default 8081)",
+    )
     parser.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
 
@@ -136,7 +143,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     loop.start()
     try:
+        health = f"http://{args.metrics_address}:{args.health_port}/healthz" if args.health_port else None
         kopf.run(
+            liveness_endpoint=health,
             standalone=True,
             clusterwide=not operator_config.namespaces,
             namespaces=operator_config.namespaces,

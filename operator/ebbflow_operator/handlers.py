@@ -3,6 +3,7 @@ purpose: no decisions here. The Reconciler is handed over in kopf's `memo` (see 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import kopf
@@ -39,3 +40,13 @@ def service_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.event("", "v1", "nodes")
 def node_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     _observe("nodes", event, memo)
+
+
+@kopf.on.probe(id="reconcileLoop")
+def reconcile_loop(memo: kopf.Memo, **_: Any) -> str:
+    """Backs kopf's liveness endpoint (`--health-port`): fails while no reconcile pass has completed
+    for minutes, so the kubelet restarts a stuck operator."""
+    stalled = memo.reconciler.stalled_for(time.monotonic())
+    if stalled is not None:
+        raise kopf.PermanentError(f"no reconcile pass completed for {stalled:.0f} s")
+    return "ok"

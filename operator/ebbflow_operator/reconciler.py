@@ -37,6 +37,10 @@ from .planner import Plan
 __all__ = ["ClusterIO", "OperatorConfig", "PassResult", "Reconciler"]
 
 log = logging.getLogger(__name__)
+# The liveness probe fails when no pass has completed for this long (and STALL_RESYNCS resync
+# intervals): long enough for an API server restart, short enough that a stuck loop gets restarted.
+STALL_SECONDS = 120.0
+STALL_RESYNCS = 10
 
 
 class ClusterIO(Protocol):
@@ -84,6 +88,15 @@ class Reconciler:
             for kind, parse in parsers.items()
         }
         self._listed_at = 0.0
+        # When the last pass completed (monotonic); the start counts as one, for the liveness probe.
+        self.last_pass_at = time.monotonic()
+
+    def stalled_for(self, now: float) -> float | None:
+        """Seconds since the last completed pass when that exceeds the liveness limit (the loop is
+        stuck, or every pass fails), else None. Passes run at least every resync interval."""
+        limit = max(STALL_SECONDS, STALL_RESYNCS * self.config.resync_interval)
+        since = now - self.last_pass_at
+        return since if since > limit else None
 
     def observe_event(self, kind: str, raw: Json, deleted: bool) -> None:
         """A watch event (from kopf): remember the object, then wake the loop."""
@@ -180,6 +193,7 @@ class Reconciler:
                 self.metrics.rescales.labels(plan.rescale_reason).inc()
             if plan.preemptions:
                 self.metrics.preemptions.inc(plan.preemptions)
+        self.last_pass_at = time.monotonic()
         return result
 
     def _apply(self, plan: Plan) -> int:

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ class OperatorProcess:
         self.node_selector = node_selector
         self.log_path = log
         self.metrics_port = free_port()
+        self.health_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, *extra: str) -> None:
@@ -55,6 +57,8 @@ class OperatorProcess:
             str(self.metrics_port),
             "--metrics-address",
             "127.0.0.1",
+            "--health-port",
+            str(self.health_port),
             "--resync-interval",
             "2",
             *extra,
@@ -81,6 +85,15 @@ class OperatorProcess:
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
             return str(response.read().decode())
+
+    def health(self) -> tuple[int, str]:
+        """kopf's liveness endpoint: HTTP status and body."""
+        url = f"http://127.0.0.1:{self.health_port}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return int(response.status), response.read().decode()
+        except urllib.error.HTTPError as error:
+            return int(error.code), error.read().decode()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:]

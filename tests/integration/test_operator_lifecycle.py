@@ -3,6 +3,7 @@ priority, pending timeout, the end of a job, garbage collection and metrics."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,6 +99,8 @@ def test_job_gets_rendezvous_services_and_workers_on_gpu_nodes(
     assert kube.core.read_namespaced_service("train-workers", namespace).spec.cluster_ip == "None"
     ready = condition(kube, namespace, "train", "Ready")
     assert ready and ready["status"] == "True" and ready["observedGeneration"] == 1
+    code, body = operator.health()
+    assert code == 200 and json.loads(body)["reconcileLoop"] == "ok", (code, body)
 
 
 def test_preempted_node_shrinks_the_job_which_keeps_running_and_grows_back(

@@ -185,3 +185,21 @@ def test_the_cache_counts_unparsable_objects_in_metrics() -> None:
     loop.observe_event("jobs", raw_job("fine"), deleted=False)
     assert [job.name for job in loop.stores["jobs"].values()] == ["fine"]
     assert sample(metrics, "ebbflow_cache_unparsable_objects_total", kind="jobs") == 1
+
+
+@pytest.mark.parametrize(
+    ("resync", "idle", "stalled"),
+    [
+        pytest.param(1.0, 60.0, False, id="a-minute-is-fine"),
+        pytest.param(1.0, 121.0, True, id="over-two-minutes-fails"),
+        pytest.param(30.0, 250.0, False, id="long-resync-allows-ten-intervals"),
+        pytest.param(30.0, 301.0, True, id="over-ten-long-intervals-fails"),
+    ],
+)
+def test_liveness_fails_once_no_pass_completed_for_long(resync: float, idle: float, stalled: bool) -> None:
+    loop = Reconciler(FakeCluster(), OperatorConfig(resync_interval=resync), Metrics())
+    started = loop.last_pass_at
+    result = loop.stalled_for(started + idle)
+    assert (result is not None) == stalled
+    loop.run_pass()  # a completed pass resets the clock
+    assert loop.last_pass_at > started and loop.stalled_for(loop.last_pass_at + 1.0) is None
