@@ -183,7 +183,7 @@ class Job:
         return codes
 
     def final_checkpoint(self) -> dict[str, Any]:
-        state: dict[str, Any] = torch.load(self.checkpoint_dir / "checkpoint.pt", weights_only=False)
+        state: dict[str, Any] = torch.load(self.checkpoint_dir / "checkpoint.pt", weights_only=True)
         return state
 
     def world_sizes_by_step(self) -> dict[int, int]:

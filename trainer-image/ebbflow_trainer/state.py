@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import copy
 import io
+import logging
 import os
+import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ import numpy as np
 import torch
 
 from ebbflow_trainer.engine import VirtualNodeEngine
+
+log = logging.getLogger("ebbflow_trainer.state")
 
 HANDOFF_FILE = "handoff.pt"
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -64,7 +68,7 @@ def capture(engine: VirtualNodeEngine, step: int, last_step_wall_time: float) ->
         "rng": {
             "torch": torch.get_rng_state(),
             "python": random.getstate(),
-            "numpy": np.random.get_state(),
+            "numpy": _numpy_rng_state(),
         },
         "base_batch_size": engine.base_batch_size,
         "base_lrs": engine.base_lrs,
@@ -85,7 +89,7 @@ def restore(engine: VirtualNodeEngine, state: dict[str, Any]) -> None:
     rng = state["rng"]
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
+    _set_numpy_rng_state(rng["numpy"])
     engine.base_batch_size = int(state["base_batch_size"])
     engine.base_lrs = [float(lr) for lr in state["base_lrs"]]
     for name, value in state["noise"].items():
@@ -96,6 +100,18 @@ def restore(engine: VirtualNodeEngine, state: dict[str, Any]) -> None:
     extra = engine.spec.extra_state
     if extra is not None and state.get("extra") is not None:
         extra[1](copy.deepcopy(state["extra"]))
+
+
+def _numpy_rng_state() -> tuple[str, torch.Tensor, int, int, float]:
+    """numpy's global RNG state in types ``torch.load(weights_only=True)`` accepts (no numpy arrays)."""
+    kind, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
+    words = np.asarray(keys, dtype=np.int64)
+    return str(kind), torch.from_numpy(words), int(position), int(has_gauss), float(cached)
+
+
+def _set_numpy_rng_state(saved: tuple[str, torch.Tensor, int, int, float]) -> None:
+    kind, keys, position, has_gauss, cached = saved
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
 
 
 def _extra_state(engine: VirtualNodeEngine) -> dict[str, Any] | None:
@@ -116,7 +132,9 @@ def to_bytes(state: dict[str, Any]) -> bytes:
 
 
 def from_bytes(data: bytes) -> dict[str, Any]:
-    state: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    """A state from its bytes. ``weights_only``: tensors, numbers, strings and containers only, so a
+    file on the checkpoint volume or in node-local memory cannot make a worker run code."""
+    state: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     return state
 
 
@@ -135,5 +153,8 @@ def read(path: Path) -> dict[str, Any] | None:
     """The state at ``path``, or None when there is none or it cannot be read."""
     try:
         return from_bytes(path.read_bytes())
-    except (FileNotFoundError, EOFError, RuntimeError, OSError):
+    except FileNotFoundError:
+        return None
+    except (EOFError, RuntimeError, OSError, pickle.UnpicklingError) as error:
+        log.warning("ignoring the state in %s, which cannot be loaded safely: %s", path, error)
         return None
