@@ -14,7 +14,8 @@ INSTALL_STAMP := $(VENV)/.installed
 PYPROJECTS := pyproject.toml api/pyproject.toml operator/pyproject.toml trainer-image/pyproject.toml
 
 .PHONY: help demo install tools cluster-up cluster-down lint typecheck test test-unit test-trainer \
-	test-integration crds base-image images images-test bench-operator bench-trainer clean
+	test-integration crds base-image images images-test kind-images kind-up \
+	kind-smoke kind-down bench-operator bench-trainer clean
 
 help: ## List every target with one line.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -71,6 +72,18 @@ images: ## Base, operator and trainer images (ebbflow/*:dev, trainer also :dev-c
 
 images-test: images ## Smoke-test the images: read-only root, non-root, offline, a two-node training run.
 	@bash hack/images/smoke-test.sh
+
+kind-images: tools ## kind base and node images built offline from Debian packages and the Go module proxy (cached); see hack/kind/README.md.
+	@bash hack/kind/build-node-image.sh
+
+kind-up: tools ## kind cluster "ebbflow" (1 control plane, 3 workers, flannel, CoreDNS); kubeconfig in .cluster/kind-kubeconfig.
+	@bash hack/kind/up.sh
+
+kind-smoke: ## Check the kind cluster: DNS and Service IPs from a pod on every worker, a PVC write.
+	@bash hack/kind/smoke.sh
+
+kind-down: ## Delete the kind cluster (cached images stay).
+	@bash hack/kind/down.sh
 
 bench-operator: install tools ## Operator benchmark: 100 jobs on 500 fake GPU nodes (about 12 min); see bench/README.md.
 	$(PY) bench/operator_bench.py

@@ -15,6 +15,12 @@ ETCD_VERSION=$(awk '$1 == "require" && $2 == "go.etcd.io/etcd/server/v3" {print 
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.21.4
 KIND_VERSION=v0.32.0
+# For the kind node image (hack/kind/): not part of the default set.
+COREDNS_VERSION=v1.15.0
+FLANNEL_VERSION=v0.28.10
+CNI_PLUGINS_VERSION=v1.9.1
+CRICTL_VERSION=v1.36.0
+LOCAL_PATH_VERSION=v0.0.30
 
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 mkdir -p "$TOOLS_BIN" "$TOOLS_CACHE"
@@ -39,14 +45,17 @@ kubernetes_ldflags() {
   echo "$flags"
 }
 
+# build_kubernetes [MODULE NAME...]: commands from k8s.io/kubernetes/cmd, built in the wrapper
+# module hack/tools/MODULE (default: the control plane + kubectl from hack/tools/kubernetes).
 build_kubernetes() {
-  local name dir
-  for name in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  local module=${1:-kubernetes} name dir names=("${@:2}")
+  ((${#names[@]})) || names=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  for name in "${names[@]}"; do
     dir=$TOOLS_CACHE/$name-$KUBERNETES_VERSION
     if ! cached "$name" "$KUBERNETES_VERSION"; then
       echo "building $name $KUBERNETES_VERSION (first time on this machine: several minutes)"
       mkdir -p "$dir"
-      (cd "$ROOT/hack/tools/kubernetes" &&
+      (cd "$ROOT/hack/tools/$module" &&
         go build -trimpath -tags selinux,notest -ldflags "$(kubernetes_ldflags)" \
           -o "$dir/$name.tmp" "k8s.io/kubernetes/cmd/$name")
       mv -f "$dir/$name.tmp" "$dir/$name"
@@ -78,14 +87,70 @@ build_module() {
   install_from_cache "$name" "$version"
 }
 
+# build_crictl: in the wrapper module hack/tools/crictl (the proxy refuses cri-tools' version list,
+# which `go install ...@VERSION` asks for).
+build_crictl() {
+  local dir=$TOOLS_CACHE/crictl-$CRICTL_VERSION
+  if ! cached crictl "$CRICTL_VERSION"; then
+    echo "building crictl $CRICTL_VERSION"
+    mkdir -p "$dir"
+    (cd "$ROOT/hack/tools/crictl" &&
+      go build -trimpath -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" \
+        -o "$dir/crictl.tmp" sigs.k8s.io/cri-tools/cmd/crictl)
+    mv -f "$dir/crictl.tmp" "$dir/crictl"
+  fi
+  install_from_cache crictl "$CRICTL_VERSION"
+}
+
+# build_flannel: flanneld without the tencentvpc and udp backends (see hack/tools/flannel/go.mod).
+build_flannel() {
+  local dir=$TOOLS_CACHE/flannel-$FLANNEL_VERSION work src
+  if ! cached flannel "$FLANNEL_VERSION"; then
+    echo "building flannel $FLANNEL_VERSION"
+    mkdir -p "$dir"
+    work=$(mktemp -d)
+    cp "$ROOT/hack/tools/flannel/go.mod" "$ROOT/hack/tools/flannel/go.sum" "$work/"
+    src=$(cd "$work" && go mod download -json "github.com/flannel-io/flannel@$FLANNEL_VERSION" |
+      awk -F'"' '$2 == "Dir" {print $4}')
+    sed -e '/flannel\/pkg\/backend\/tencentvpc"/d' -e '/flannel\/pkg\/backend\/udp"/d' "$src/main.go" >"$work/main.go"
+    (cd "$work" && go build -trimpath \
+      -ldflags "-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$FLANNEL_VERSION" -o "$dir/flannel.tmp" .)
+    rm -rf "$work"
+    mv -f "$dir/flannel.tmp" "$dir/flannel"
+  fi
+  install_from_cache flannel "$FLANNEL_VERSION"
+}
+
+# build_cni_plugins: the CNI plugins the kind node image needs, into $TOOLS_BIN/cni/.
+build_cni_plugins() {
+  local dir=$TOOLS_CACHE/cni-plugins-$CNI_PLUGINS_VERSION p pkgs=() m=github.com/containernetworking/plugins/plugins
+  local plugins=(main/bridge main/loopback main/ptp ipam/host-local meta/portmap meta/bandwidth)
+  if [[ ! -x $dir/bandwidth ]]; then
+    echo "building cni-plugins $CNI_PLUGINS_VERSION"
+    mkdir -p "$dir"
+    for p in "${plugins[@]}"; do pkgs+=("$m/$p@$CNI_PLUGINS_VERSION"); done
+    GOBIN=$dir go install -trimpath -ldflags "-s -w" "${pkgs[@]}"
+  fi
+  mkdir -p "$TOOLS_BIN/cni"
+  for p in "${plugins[@]}"; do cp -f "$dir/${p#*/}" "$TOOLS_BIN/cni/"; done
+  echo "  cni-plugins $CNI_PLUGINS_VERSION"
+}
+
 want=${*:-kubernetes etcd kwok helm kind}
 for tool in $want; do
   case $tool in
     kubernetes) build_kubernetes ;;
+    # Node-side commands for the kind node image (hack/kind/build-node-image.sh); not in the default set.
+    kubernetes-node) build_kubernetes kubernetes-node kubelet kubeadm kube-proxy ;;
     etcd) build_etcd ;;
     kwok) build_module kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" ;;
     helm) build_module helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" ;;
     kind) build_module kind sigs.k8s.io/kind "$KIND_VERSION" ;;
-    *) echo "unknown tool '$tool' (known: kubernetes etcd kwok helm kind)" >&2; exit 2 ;;
+    coredns) build_module coredns github.com/coredns/coredns "$COREDNS_VERSION" ;;
+    flannel) build_flannel ;;
+    crictl) build_crictl ;;
+    cni-plugins) build_cni_plugins ;;
+    local-path-provisioner) build_module local-path-provisioner github.com/rancher/local-path-provisioner "$LOCAL_PATH_VERSION" ;;
+    *) echo "unknown tool '$tool' (known: kubernetes etcd kwok helm kind; for kind nodes: kubernetes-node coredns flannel crictl cni-plugins local-path-provisioner)" >&2; exit 2 ;;
   esac
 done
