@@ -14,7 +14,7 @@ INSTALL_STAMP := $(VENV)/.installed
 PYPROJECTS := pyproject.toml api/pyproject.toml operator/pyproject.toml trainer-image/pyproject.toml
 
 .PHONY: help demo install tools cluster-up cluster-down lint typecheck test test-unit test-trainer \
-	test-integration crds base-image images images-test kind-images kind-up \
+	test-integration test-e2e crds base-image images images-test kind-images kind-up \
 	kind-smoke kind-down bench-operator bench-trainer clean
 
 help: ## List every target with one line.
@@ -60,6 +60,9 @@ test-trainer: install ## Trainer tier: real trainer processes, gloo, torch elast
 
 test-integration: install tools ## Integration tier: real control plane with KWOK GPU nodes.
 	$(PYTEST) -m integration tests
+
+test-e2e: install tools ## End-to-end tier: real pods on the kind cluster (builds and loads images; minutes cold). See e2e/.
+	$(PYTEST) e2e
 
 crds: install ## Regenerate crds/ from the API models (api/ebbflow_api/models.py).
 	$(PY) -m ebbflow_api.crd > crds/ebbflow.dev_elastictrainingjobs.yaml

@@ -230,12 +230,13 @@ class Worker:
             steps_lost=lost,
         )
         log.info(
-            "generation %s: rank %s of %s resumes at step %s from %s",
+            "generation %s: rank %s of %s resumes at step %s from %s%s",
             self.world.generation,
             self.world.rank,
             self.world.size,
             self.step,
             source,
+            f", {lost} step(s) lost" if self.world.rank == 0 else "",
         )
 
     @property
