@@ -1,5 +1,6 @@
 """The operator and the trainer together on real pods: a job trains to the end on real containers
-across the kind workers (time-sliced fake GPUs)."""
+across the kind workers (time-sliced fake GPUs); a worker deleted mid-run leaves through SIGTERM at
+a step boundary and no step is lost."""
 
 from __future__ import annotations
 
@@ -87,3 +88,38 @@ def test_a_job_trains_to_the_end_on_real_pods(
     assert worlds and max(worlds) >= 2, "no worker trained in a world of several pods"
     # cleanPodPolicy Running: the finished job's rendezvous pod is gone, its workers stay for their logs.
     assert not kind.json("-n", namespace, "get", "pods", "-l", "ebbflow.dev/role=rendezvous")["items"]
+
+
+def _running_workers(kind: Kind, namespace: str, name: str) -> list[str]:
+    pods = _worker_pods(kind, namespace, name)
+    return [p["metadata"]["name"] for p in pods if p["status"]["phase"] == "Running"]
+
+
+def test_a_deleted_worker_leaves_by_sigterm_and_no_step_is_lost(
+    kind: Kind, namespace: str, operator: subprocess.Popen[bytes]
+) -> None:
+    _apply(kind, namespace, _job("leave", 1, 3, steps=1500, vnode_seconds=0.05))
+
+    def three_training() -> bool:
+        running = _running_workers(kind, namespace, "leave")
+        logs = [_resumptions(_logs(kind, namespace, pod)) for pod in running]
+        return len(running) == 3 and all(r and r[-1][2] == 3 for r in logs)
+
+    wait_for(three_training, JOB_DEADLINE_S, "three workers training together")
+    running = _running_workers(kind, namespace, "leave")
+    ranks = {pod: _resumptions(_logs(kind, namespace, pod))[-1][1] for pod in running}
+    victim = next(pod for pod, rank in ranks.items() if rank != 0)
+    survivors = [pod for pod in running if pod != victim]
+    kind.kubectl("-n", namespace, "delete", "pod", victim, timeout=120)  # default grace: SIGTERM first
+
+    def reformed() -> bool:
+        return any(r[2] == 2 for pod in survivors for r in _resumptions(_logs(kind, namespace, pod)))
+
+    wait_for(reformed, JOB_DEADLINE_S, "the survivors to re-form a world of two")
+    resumed = [r for pod in survivors for r in _resumptions(_logs(kind, namespace, pod)) if r[2] == 2]
+    first = min(r[0] for r in resumed)
+    sources = {r[4] for r in resumed if r[0] == first}
+    assert sources <= {"memory", "peer"} and "memory" in sources, resumed
+    lost = [r[5] for r in resumed if r[0] == first and r[1] == 0]
+    assert lost == [0], f"rank 0 of the new world reports lost steps: {resumed}"
+    _wait_phase(kind, namespace, "leave", "Succeeded")
