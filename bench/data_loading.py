@@ -37,10 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from ebbflow_trainer.api import TrainingSpec
-from ebbflow_trainer.config import TrainerConfig
-from ebbflow_trainer.engine import VirtualNodeEngine, WorldOfOne
+from ebbflow_trainer.engine import VirtualNodeEngine
+from engines import sgd_spec, trainer_config, worker_step
 
 RESULTS = Path(__file__).resolve().parent / "results" / "data_loading.json"
 CONFIGURATIONS = ("free", "in-process", "prefetch")
@@ -71,10 +69,6 @@ class CostlyDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]])
         return self.features[index], self.labels[index]
 
 
-def _loss(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
-    return F.cross_entropy(model(batch[0]), batch[1])
-
-
 def make_engine(name: str, args: argparse.Namespace) -> VirtualNodeEngine:
     """A fresh model, spec and engine for one configuration, seeded alike."""
     torch.manual_seed(0)
@@ -82,20 +76,14 @@ def make_engine(name: str, args: argparse.Namespace) -> VirtualNodeEngine:
         torch.nn.Linear(FEATURES, 256), torch.nn.ReLU(), torch.nn.Linear(256, CLASSES)
     )
     background = name == "prefetch"
-    spec = TrainingSpec(
-        model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-        dataset=CostlyDataset(0.0 if name == "free" else args.sample_ms / 1000, args.work),
-        loss_fn=_loss,
+    spec = sgd_spec(
+        model,
+        CostlyDataset(0.0 if name == "free" else args.sample_ms / 1000, args.work),
+        lr=0.05,
         loader_workers=args.workers if background else 0,
         prefetch=args.prefetch,
     )
-    config = TrainerConfig(
-        spec="bench/data_loading.py",
-        rdzv_endpoint="unused:1",
-        rdzv_id="bench",
-        min_replicas=1,
-        max_replicas=1,
+    config = trainer_config(
         virtual_nodes=args.virtual_nodes,
         global_batch_size=args.virtual_nodes * args.vnode_batch,
         simulated_vnode_seconds=args.device_ms / 1000,
@@ -105,14 +93,11 @@ def make_engine(name: str, args: argparse.Namespace) -> VirtualNodeEngine:
 
 def time_steps(engine: VirtualNodeEngine, warmup: int, steps: int) -> list[float]:
     """Seconds of each timed step (after ``warmup`` untimed ones), all virtual nodes on this worker."""
-    nodes = list(range(engine.config.virtual_nodes))
+    take_step = worker_step(engine)
     seconds = []
     for step in range(warmup + steps):
         started = time.perf_counter()
-        message, _ = engine.reduce_step(
-            step, nodes, rank=0, world_size=1, leave=lambda: False, comm=WorldOfOne()
-        )
-        engine.apply(message, 1)
+        take_step(step)
         if step >= warmup:
             seconds.append(time.perf_counter() - started)
     return seconds

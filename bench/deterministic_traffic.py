@@ -31,13 +31,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from ebbflow_trainer.api import TrainingSpec
-from ebbflow_trainer.config import ROW_TABLE_LIMIT, TrainerConfig
+from ebbflow_trainer.config import ROW_TABLE_LIMIT
 from ebbflow_trainer.engine import VirtualNodeEngine
-from ebbflow_trainer.sharding import even_counts, ranges_from_counts
 from ebbflow_trainer.worker import DistCollectives
-from processes import run_ranks
+from engines import sgd_spec, trainer_config, worker_step
+from processes import join_world, rank_parser, run_ranks
 from torch.utils.data import TensorDataset
 
 RESULTS = Path(__file__).resolve().parent / "results" / "deterministic_traffic.json"
@@ -61,20 +60,12 @@ def _spec(name: str) -> TrainingSpec:
     dataset = TensorDataset(
         torch.randn(samples, inputs, generator=data), torch.randint(0, classes, (samples,), generator=data)
     )
-    return TrainingSpec(
-        model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-        dataset=dataset,
-        loss_fn=lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]),
-    )
+    return sgd_spec(model, dataset)
 
 
 def _engine(model: str, virtual_nodes: int, mode: str, world_size: int) -> VirtualNodeEngine:
     torch.manual_seed(0)
-    config = TrainerConfig(
-        spec="bench",
-        rdzv_endpoint="127.0.0.1:1",
-        rdzv_id="bench",
+    config = trainer_config(
         min_replicas=world_size,
         max_replicas=world_size,
         virtual_nodes=virtual_nodes,
@@ -90,16 +81,12 @@ def _engine(model: str, virtual_nodes: int, mode: str, world_size: int) -> Virtu
 def _measure(model: str, virtual_nodes: int, mode: str, steps: int) -> dict[str, Any]:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     engine = _engine(model, virtual_nodes, mode, world_size)
-    mine = ranges_from_counts(even_counts(virtual_nodes, world_size))[rank]
-    comm = DistCollectives(torch.device("cpu"))
+    take_step = worker_step(engine, rank, world_size, DistCollectives(torch.device("cpu")))
     step_seconds, exchange_seconds = [], []
     for step in range(steps + 1):
         dist.barrier()
         started = time.perf_counter()
-        message, _ = engine.reduce_step(
-            step, mine, rank=rank, world_size=world_size, leave=lambda: False, comm=comm
-        )
-        result = engine.apply(message, world_size)
+        result = take_step(step)
         done = time.perf_counter()
         if step > 0:  # the first step warms up allocations and gloo's buffers
             step_seconds.append(done - started)
@@ -122,8 +109,7 @@ def _measure(model: str, virtual_nodes: int, mode: str, steps: int) -> dict[str,
 
 
 def _worker(rank: int, world_size: int, port: int, args: argparse.Namespace) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    join_world(rank, world_size, port)
     results = [
         _measure(model, virtual_nodes, mode, args.steps * (1 if model == "large" else 5))
         for model in args.models.split(",")
@@ -156,12 +142,9 @@ def _table(results: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=2)
+    parser = rank_parser(__doc__.splitlines()[0], workers=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--models", default="small,medium,large")
-    parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank is not None:
         _worker(args.rank, args.workers, args.port, args)

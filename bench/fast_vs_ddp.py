@@ -21,6 +21,7 @@ ratio to ``ddp`` (median, min-max). A JSON copy goes to ``bench/results/fast_vs_
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -31,12 +32,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ebbflow_trainer.api import TrainingSpec
-from ebbflow_trainer.config import TrainerConfig
-from ebbflow_trainer.engine import VirtualNodeEngine
-from ebbflow_trainer.sharding import even_counts, ranges_from_counts
+from ebbflow_trainer.engine import StepResult, VirtualNodeEngine
 from ebbflow_trainer.worker import DistCollectives
-from processes import run_ranks
+from engines import sgd, sgd_spec, trainer_config, worker_step
+from processes import join_world, rank_parser, run_ranks
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -61,23 +60,19 @@ def _dataset(args: argparse.Namespace, world_size: int) -> TensorDataset:
     )
 
 
-def _loss(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
-    return F.cross_entropy(model(batch[0]), batch[1])
-
-
-def _batches(loader: DataLoader[Any]) -> Iterator[list[torch.Tensor]]:
-    while True:
-        yield from loader
+def _micro_batches(args: argparse.Namespace) -> Iterator[list[torch.Tensor]]:
+    """This rank's micro-batches, endlessly, as DDP's ``DistributedSampler`` deals them (the baselines)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    dataset = _dataset(args, world_size)
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=args.batch // args.per_worker, sampler=sampler)
+    return itertools.chain.from_iterable(itertools.repeat(loader))
 
 
 def _ddp_steps(args: argparse.Namespace) -> Callable[[int], None]:
-    rank, world_size = dist.get_rank(), dist.get_world_size()
     model = DistributedDataParallel(_model(args), bucket_cap_mb=25)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    dataset = _dataset(args, world_size)
-    micro = args.batch // args.per_worker
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
-    batches = _batches(DataLoader(dataset, batch_size=micro, sampler=sampler))
+    optimizer = sgd(model.parameters())
+    batches = _micro_batches(args)
 
     def step(_: int) -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -99,48 +94,25 @@ class _nothing:
         return None
 
 
-def _ebbflow_steps(args: argparse.Namespace) -> Callable[[int], None]:
+def _ebbflow_steps(args: argparse.Namespace) -> Callable[[int], StepResult]:
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    model = _model(args)
-    virtual_nodes = world_size * args.per_worker
-    spec = TrainingSpec(
-        model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-        dataset=_dataset(args, world_size),
-        loss_fn=_loss,
-    )
-    config = TrainerConfig(
-        spec="bench",
-        rdzv_endpoint="127.0.0.1:1",
-        rdzv_id="bench",
+    config = trainer_config(
         min_replicas=world_size,
         max_replicas=world_size,
-        virtual_nodes=virtual_nodes,
+        virtual_nodes=world_size * args.per_worker,
         global_batch_size=world_size * args.batch,
         mode="fast",
     )
-    engine = VirtualNodeEngine(spec, config)
-    mine = ranges_from_counts(even_counts(virtual_nodes, world_size))[rank]
-    comm = DistCollectives(torch.device("cpu"))
-
-    def step(number: int) -> None:
-        message, _ = engine.reduce_step(
-            number, mine, rank=rank, world_size=world_size, leave=lambda: False, comm=comm
-        )
-        engine.apply(message, world_size)
-
-    return step
+    engine = VirtualNodeEngine(sgd_spec(_model(args), _dataset(args, world_size)), config)
+    return worker_step(engine, rank, world_size, DistCollectives(torch.device("cpu")))
 
 
 def _flat_steps(args: argparse.Namespace) -> Callable[[int], None]:
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    world_size = dist.get_world_size()
     model = _model(args)
     params = list(model.parameters())
-    optimizer = torch.optim.SGD(params, lr=0.01, momentum=0.9)
-    dataset = _dataset(args, world_size)
-    micro = args.batch // args.per_worker
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
-    batches = _batches(DataLoader(dataset, batch_size=micro, sampler=sampler))
+    optimizer = sgd(params)
+    batches = _micro_batches(args)
 
     def step(_: int) -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -176,10 +148,7 @@ def _samples_per_second(name: str, args: argparse.Namespace) -> float:
 
 
 def _worker(rank: int, args: argparse.Namespace) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=args.workers
-    )
+    join_world(rank, args.workers, args.port)
     rounds = []
     for number in range(args.rounds):
         order = CONFIGURATIONS[number % 3 :] + CONFIGURATIONS[: number % 3]
@@ -212,8 +181,7 @@ def _report(report: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=4)
+    parser = rank_parser(__doc__.splitlines()[0], workers=4)
     parser.add_argument("--per-worker", type=int, default=1, help="virtual nodes (micro-batches) per worker")
     parser.add_argument("--batch", type=int, default=32, help="samples per worker per step")
     parser.add_argument("--width", type=int, default=1024)
@@ -221,8 +189,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.batch % args.per_worker:
         parser.error("--batch must be a multiple of --per-worker")

@@ -1,5 +1,6 @@
 """Test-object builders shared by every tier (Kueue style): jobs, pods and nodes as the decision
-layer sees them, built from a few arguments with the rest defaulted to something valid.
+layer sees them, and the demands its allocation policies weigh, built from a few arguments with the
+rest defaulted to something valid.
 
 Jobs go through the real parsing path (`JobBuilder` manifest -> `parse_job`), so a test can never
 hold a job the API server would not accept.
@@ -7,15 +8,18 @@ hold a job the API server would not accept.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ebbflow_api import contract
 from ebbflow_api.builders import JobBuilder
+from ebbflow_operator.allocator import Demand
 from ebbflow_operator.model import Job, Node, Pod, format_time, parse_job
 
 NOW = 1_000_000.0
 SPOT = {"karpenter.sh/capacity-type": "spot"}
 ON_DEMAND = {"karpenter.sh/capacity-type": "on-demand"}
+NODES4 = {f"n{i}": 4 for i in range(4)}  # free GPUs by node: 16 on four nodes
 
 
 def make_job(
@@ -79,3 +83,27 @@ def make_rendezvous(job: Job, node: str = "od-0") -> Pod:
 
 def make_node(name: str, gpus: int = 4, spot: bool = False, **fields: Any) -> Node:
     return Node(name, gpus, labels=dict(SPOT if spot else ON_DEMAND), **fields)
+
+
+def make_demand(
+    name: str,
+    lo: int,
+    hi: int,
+    priority: int = 0,
+    created: float = 0.0,
+    gpus: int = 1,
+    nodes: Mapping[str, int] | None = None,
+    current: tuple[str, ...] = (),
+) -> Demand:
+    """What job `name` in namespace "ns" asks of an allocation policy: `lo` to `hi` workers of `gpus`
+    GPUs each, on any of `nodes` (NODES4 unless told), already running on `current`."""
+    return Demand(
+        key=("ns", name),
+        min=lo,
+        max=hi,
+        gpus_per_worker=gpus,
+        eligible=frozenset(nodes if nodes is not None else NODES4),
+        priority=priority,
+        created=created,
+        current_nodes=current,
+    )

@@ -1,5 +1,6 @@
-"""The trainer configuration unit tests start from: one worker, one virtual node, no script, a
-rendezvous that is never dialled. A test names only the fields it is about."""
+"""The trainer configuration unit tests and benchmarks (``bench/engines.py``) start from: one worker,
+one virtual node, no script, a rendezvous that is never dialled. A caller names only the fields it is
+about."""
 
 from __future__ import annotations
 

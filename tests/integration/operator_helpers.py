@@ -21,6 +21,7 @@ from ebbflow_operator.devcluster.controlplane import ControlPlane
 from .conftest import REPO, Kube
 
 KUBECTL = REPO / ".tools" / "bin" / "kubectl"
+SETTLE = 90  # seconds for the operator to converge; generous for a loaded 2-core machine
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ebbflow_api import contract
@@ -18,6 +19,7 @@ from .conftest import GpuNodes, Kube
 from .operator_helpers import (
     GROUP,
     PLURAL,
+    SETTLE,
     VERSION,
     OperatorProcess,
     condition,
@@ -32,7 +34,11 @@ from .operator_helpers import (
 
 pytestmark = pytest.mark.usefixtures("crd")
 
-SETTLE = 90  # seconds; generous for a loaded 2-core machine
+
+def start_job(kube: Kube, namespace: str, manifest: dict[str, Any], running: int, what: str) -> None:
+    """Create the job and wait until it has settled with `running` workers (`what` names the wait)."""
+    create_job(kube, namespace, manifest)
+    wait_for(lambda: settled(kube, namespace, manifest["metadata"]["name"], running), SETTLE, what)
 
 
 def _operator(
@@ -72,8 +78,7 @@ def test_job_gets_rendezvous_services_and_workers_on_gpu_nodes(
     kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
 ) -> None:
     nodes = set(gpu_nodes.add(2))  # 2 x 4 time-sliced GPUs
-    create_job(kube, namespace, job_manifest("train", 2, 6, gpu_nodes.selector))
-    wait_for(lambda: settled(kube, namespace, "train", 6), SETTLE, "6 workers running")
+    start_job(kube, namespace, job_manifest("train", 2, 6, gpu_nodes.selector), 6, "6 workers running")
 
     pods = workers(kube, namespace, "train")
     job_uid = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "train")[
@@ -108,8 +113,7 @@ def test_preempted_node_shrinks_the_job_which_keeps_running_and_grows_back(
 ) -> None:
     gpu_nodes.add(2)
     [spot] = gpu_nodes.add(1, GpuNodeTemplate(spot=True), group="spot")
-    create_job(kube, namespace, job_manifest("elastic", 2, 12, gpu_nodes.selector))
-    wait_for(lambda: settled(kube, namespace, "elastic", 12), SETTLE, "12 workers running")
+    start_job(kube, namespace, job_manifest("elastic", 2, 12, gpu_nodes.selector), 12, "12 workers running")
     on_spot = [p.metadata.name for p in workers(kube, namespace, "elastic") if p.spec.node_name == spot]
     assert len(on_spot) == 4
 
@@ -135,8 +139,7 @@ def test_drained_node_is_a_preemption_and_the_job_moves_to_the_other_nodes(
     kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
 ) -> None:
     gpu_nodes.add(2)
-    create_job(kube, namespace, job_manifest("drained", 1, 4, gpu_nodes.selector))
-    wait_for(lambda: settled(kube, namespace, "drained", 4), SETTLE, "4 workers")
+    start_job(kube, namespace, job_manifest("drained", 1, 4, gpu_nodes.selector), 4, "4 workers")
     first = workers(kube, namespace, "drained")[0].spec.node_name
     on_first = [p for p in workers(kube, namespace, "drained") if p.spec.node_name == first]
 
@@ -151,8 +154,7 @@ def test_added_nodes_grow_the_job_to_max(
     kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
 ) -> None:
     gpu_nodes.add(1)
-    create_job(kube, namespace, job_manifest("grow", 1, 10, gpu_nodes.selector))
-    wait_for(lambda: settled(kube, namespace, "grow", 4), SETTLE, "4 workers on one node")
+    start_job(kube, namespace, job_manifest("grow", 1, 10, gpu_nodes.selector), 4, "4 workers on one node")
     gpu_nodes.add(2, group="more")
     wait_for(lambda: settled(kube, namespace, "grow", 10), SETTLE, "grown to max 10")
     rescale = status(kube, namespace, "grow")["lastRescale"]
@@ -163,11 +165,11 @@ def test_higher_priority_gets_its_max_and_the_other_keeps_its_min_or_waits(
     kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
 ) -> None:
     gpu_nodes.add(2)  # 8 GPUs
-    create_job(kube, namespace, job_manifest("low", 2, 8, gpu_nodes.selector, priority=0))
-    wait_for(lambda: settled(kube, namespace, "low", 8), SETTLE, "low-priority job alone gets 8")
+    low = job_manifest("low", 2, 8, gpu_nodes.selector, priority=0)
+    start_job(kube, namespace, low, 8, "low-priority job alone gets 8")
 
-    create_job(kube, namespace, job_manifest("high", 2, 6, gpu_nodes.selector, priority=100))
-    wait_for(lambda: settled(kube, namespace, "high", 6), SETTLE, "high-priority job at its max")
+    high = job_manifest("high", 2, 6, gpu_nodes.selector, priority=100)
+    start_job(kube, namespace, high, 6, "high-priority job at its max")
     wait_for(lambda: settled(kube, namespace, "low", 2), SETTLE, "low-priority job down to its min")
     assert status(kube, namespace, "low")["lastRescale"]["reason"] == "CapacityReclaimed"
 
@@ -194,8 +196,8 @@ def test_workers_pending_too_long_are_withdrawn_and_the_job_shrinks(
 ) -> None:
     # The allocator counts GPUs; the scheduler also counts CPU: 32 CPUs fit one 20-CPU worker only.
     gpu_nodes.add(1)
-    create_job(kube, namespace, job_manifest("cpu-bound", 1, 4, gpu_nodes.selector, cpu="20"))
-    wait_for(lambda: settled(kube, namespace, "cpu-bound", 1), SETTLE, "withdrawn down to 1 worker")
+    cpu_bound = job_manifest("cpu-bound", 1, 4, gpu_nodes.selector, cpu="20")
+    start_job(kube, namespace, cpu_bound, 1, "withdrawn down to 1 worker")
     current = status(kube, namespace, "cpu-bound")
     assert current["holdReplicas"] == 1 and current["lastRescale"]["reason"] == "PendingTimeout"
     assert current["lastRescale"]["to"] == 1
@@ -222,8 +224,7 @@ def test_failures_restart_workers_until_max_restarts_then_the_job_fails(
     kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
 ) -> None:
     gpu_nodes.add(1)
-    create_job(kube, namespace, job_manifest("flaky", 1, 2, gpu_nodes.selector, maxRestarts=1))
-    wait_for(lambda: settled(kube, namespace, "flaky", 2), SETTLE, "2 workers")
+    start_job(kube, namespace, job_manifest("flaky", 1, 2, gpu_nodes.selector, maxRestarts=1), 2, "2 workers")
 
     fail_pod(kube.core, namespace, "flaky-worker-0", contract.EXIT_SIGTERM)  # preemption, not failure
     wait_for(
@@ -251,8 +252,8 @@ def test_a_nonfinite_loss_fails_the_job_at_once_with_restarts_left(
     """Restarting a diverged job would replay the divergence: it fails with reason NonFiniteLoss and
     the trainer's own words, replaces nobody, and keeps the diverged pod for its logs."""
     gpu_nodes.add(1)
-    create_job(kube, namespace, job_manifest("diverging", 1, 2, gpu_nodes.selector, maxRestarts=5))
-    wait_for(lambda: settled(kube, namespace, "diverging", 2), SETTLE, "2 workers")
+    diverging = job_manifest("diverging", 1, 2, gpu_nodes.selector, maxRestarts=5)
+    start_job(kube, namespace, diverging, 2, "2 workers")
     said = (
         "loss or gradient non-finite for 3 consecutive steps (steps 55-57); the last finite state is step 54"
     )
@@ -280,8 +281,7 @@ def test_job_succeeds_when_its_workers_finish(
     kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
 ) -> None:
     gpu_nodes.add(1)
-    create_job(kube, namespace, job_manifest("done", 1, 3, gpu_nodes.selector))
-    wait_for(lambda: settled(kube, namespace, "done", 3), SETTLE, "3 workers")
+    start_job(kube, namespace, job_manifest("done", 1, 3, gpu_nodes.selector), 3, "3 workers")
     for pod in workers(kube, namespace, "done"):
         fail_pod(kube.core, namespace, pod.metadata.name, contract.EXIT_SUCCESS)
     wait_for(lambda: status(kube, namespace, "done").get("phase") == "Succeeded", SETTLE, "Succeeded")
@@ -302,8 +302,7 @@ def test_deleting_the_job_garbage_collects_everything(
     kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
 ) -> None:
     gpu_nodes.add(1)
-    create_job(kube, namespace, job_manifest("short", 1, 4, gpu_nodes.selector))
-    wait_for(lambda: settled(kube, namespace, "short", 4), SETTLE, "4 workers")
+    start_job(kube, namespace, job_manifest("short", 1, 4, gpu_nodes.selector), 4, "4 workers")
     kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "short")
     selector = contract.LABEL_JOB_NAME + "=short"
 
@@ -319,8 +318,7 @@ def test_metrics_report_jobs_workers_and_gpus(
     kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
 ) -> None:
     gpu_nodes.add(2)
-    create_job(kube, namespace, job_manifest("watched", 1, 5, gpu_nodes.selector))
-    wait_for(lambda: settled(kube, namespace, "watched", 5), SETTLE, "5 workers")
+    start_job(kube, namespace, job_manifest("watched", 1, 5, gpu_nodes.selector), 5, "5 workers")
     labels = f'job="watched",namespace="{namespace}"'
 
     def scraped() -> str | None:

@@ -15,6 +15,7 @@ from .conftest import GpuNodes, Kube
 from .operator_helpers import (
     GROUP,
     PLURAL,
+    SETTLE,
     VERSION,
     OperatorProcess,
     create_job,
@@ -23,8 +24,6 @@ from .operator_helpers import (
 )
 
 pytestmark = pytest.mark.usefixtures("crd")
-
-SETTLE = 90  # seconds; generous for a loaded 2-core machine
 
 
 def assert_clean(kube: Kube, namespace: str, job: str, count: int) -> None:

@@ -142,23 +142,36 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _check_count(field: str, value: Any, least: int, must: str) -> None:
+    """A whole-number field (a bool is not one) of at least ``least``; the error names it and the fix."""
+    if not _is_int(value) or value < least:
+        raise SpecError(f"TrainingSpec.{field}={value!r} must {must}.")
+
+
+def _check_between(field: str, value: Any, above: float, must: str, below: float = math.inf) -> None:
+    """A finite number field strictly between ``above`` and ``below``; the error names it and the fix."""
+    if not (_is_number(value) and above < value < below):
+        raise SpecError(f"TrainingSpec.{field}={value!r} must {must}.")
+
+
 def _check_core(spec: TrainingSpec) -> None:
-    if not _is_int(spec.steps) or spec.steps < 1:
-        raise SpecError(f"TrainingSpec.steps={spec.steps!r} must be a positive whole number of steps.")
+    _check_count("steps", spec.steps, 1, "be a positive whole number of steps")
     if not callable(spec.loss_fn):
         raise SpecError("TrainingSpec.loss_fn must be a function (model, batch) -> mean loss tensor.")
     if not callable(spec.collate_fn):
         raise SpecError("TrainingSpec.collate_fn must be a function (list of samples) -> batch.")
-    if not _is_int(spec.loader_workers) or spec.loader_workers < 0:
-        raise SpecError(
-            f"TrainingSpec.loader_workers={spec.loader_workers!r} must be 0 (build batches in the "
-            "training process) or a positive number of background loader processes."
-        )
-    if not _is_int(spec.prefetch) or spec.prefetch < 1:
-        raise SpecError(
-            f"TrainingSpec.prefetch={spec.prefetch!r} must be a positive number of batches each "
-            "loader process builds ahead (default 2)."
-        )
+    _check_count(
+        "loader_workers",
+        spec.loader_workers,
+        0,
+        "be 0 (build batches in the training process) or a positive number of background loader processes",
+    )
+    _check_count(
+        "prefetch",
+        spec.prefetch,
+        1,
+        "be a positive number of batches each loader process builds ahead (default 2)",
+    )
 
 
 def _check_update(spec: TrainingSpec) -> None:
@@ -174,10 +187,12 @@ def _check_update(spec: TrainingSpec) -> None:
             raise SpecError(
                 "TrainingSpec.scheduler was built on another optimizer: build it on TrainingSpec.optimizer."
             )
-    clip = spec.clip_grad_norm
-    if clip is not None and not (_is_number(clip) and clip > 0):
-        raise SpecError(
-            f"TrainingSpec.clip_grad_norm={clip!r} must be a positive finite norm, or None for no clipping."
+    if spec.clip_grad_norm is not None:
+        _check_between(
+            "clip_grad_norm",
+            spec.clip_grad_norm,
+            0,
+            "be a positive finite norm, or None for no clipping",
         )
     if spec.precision not in PRECISIONS:
         raise SpecError(f"TrainingSpec.precision={spec.precision!r} must be one of {PRECISIONS}.")
@@ -187,33 +202,24 @@ def _check_update(spec: TrainingSpec) -> None:
 def _check_loss_scaling(scaling: LossScaling) -> None:
     if not isinstance(scaling, LossScaling):
         raise SpecError("TrainingSpec.loss_scaling must be a LossScaling(...).")
-    if not (_is_number(scaling.init_scale) and scaling.init_scale > 0):
-        raise SpecError(f"TrainingSpec.loss_scaling.init_scale={scaling.init_scale!r} must be positive.")
-    if not (_is_number(scaling.growth_factor) and scaling.growth_factor > 1):
-        raise SpecError(
-            f"TrainingSpec.loss_scaling.growth_factor={scaling.growth_factor!r} must be greater than 1."
-        )
-    if not (_is_number(scaling.backoff_factor) and 0 < scaling.backoff_factor < 1):
-        raise SpecError(
-            f"TrainingSpec.loss_scaling.backoff_factor={scaling.backoff_factor!r} must lie strictly "
-            "between 0 and 1."
-        )
-    if not _is_int(scaling.growth_interval) or scaling.growth_interval < 1:
-        raise SpecError(
-            f"TrainingSpec.loss_scaling.growth_interval={scaling.growth_interval!r} must be a positive "
-            "number of steps."
-        )
+    _check_between("loss_scaling.init_scale", scaling.init_scale, 0, "be positive")
+    _check_between("loss_scaling.growth_factor", scaling.growth_factor, 1, "be greater than 1")
+    _check_between(
+        "loss_scaling.backoff_factor", scaling.backoff_factor, 0, "lie strictly between 0 and 1", below=1
+    )
+    _check_count("loss_scaling.growth_interval", scaling.growth_interval, 1, "be a positive number of steps")
 
 
 def _check_hooks(spec: TrainingSpec) -> None:
     if spec.eval_fn is not None and not callable(spec.eval_fn):
         raise SpecError("TrainingSpec.eval_fn must be a function (model) -> {metric name: number}.")
     if spec.eval_every is not None:
-        if not _is_int(spec.eval_every) or spec.eval_every < 1:
-            raise SpecError(
-                f"TrainingSpec.eval_every={spec.eval_every!r} must be a positive number of steps, or "
-                "None to evaluate after the last step only."
-            )
+        _check_count(
+            "eval_every",
+            spec.eval_every,
+            1,
+            "be a positive number of steps, or None to evaluate after the last step only",
+        )
         if spec.eval_fn is None:
             raise SpecError(
                 "TrainingSpec.eval_every is set but eval_fn is not: set eval_fn or drop eval_every."

@@ -1,4 +1,5 @@
-"""Goodput (Pollux) and quality (SLAQ) policies: shared bounds and degenerate cases, then each objective."""
+"""Goodput (Pollux) and quality (SLAQ) policies: the bounds and degenerate cases every policy shares (the
+default `PriorityFairShare` included), then each objective."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import random
 from collections.abc import Callable, Mapping
 
 import pytest
-from ebbflow_operator.allocator import Demand, Policy
+from ebbflow_operator.allocator import Demand, Policy, PriorityFairShare
 from ebbflow_operator.loss_curve import LossCurve
 from ebbflow_operator.policies import (
     GoodputPolicy,
@@ -18,33 +19,12 @@ from ebbflow_operator.policies import (
 )
 from ebbflow_operator.throughput import Measurement, Placement, ThroughputParams
 
-NODES4 = {f"n{i}": 4 for i in range(4)}  # 16 GPUs
+from tests.builders import NODES4, make_demand
+
 NOW = 100_000.0
 SCALES_WELL = ThroughputParams(0.01, 0.002, 0.002, 0.0005, 0.01, 0.001, 3.0)
 SYNC_BOUND = ThroughputParams(0.01, 0.002, 0.05, 0.01, 0.3, 0.05, 1.0)
 CURVE = LossCurve(a=5.0, b=40.0, c=0.3)
-
-
-def demand(
-    name: str,
-    lo: int,
-    hi: int,
-    priority: int = 0,
-    created: float = 0.0,
-    gpus: int = 1,
-    nodes: Mapping[str, int] | None = None,
-    current: tuple[str, ...] = (),
-) -> Demand:
-    return Demand(
-        key=("ns", name),
-        min=lo,
-        max=hi,
-        gpus_per_worker=gpus,
-        eligible=frozenset(nodes if nodes is not None else NODES4),
-        priority=priority,
-        created=created,
-        current_nodes=current,
-    )
 
 
 def measured(truth: ThroughputParams) -> tuple[Measurement, ...]:
@@ -69,47 +49,58 @@ PolicyFactory = Callable[..., Policy]
 POLICIES = [pytest.param(GoodputPolicy, id="goodput"), pytest.param(QualityPolicy, id="quality")]
 
 
+def priority_fair_share(**_: object) -> Policy:
+    """The default policy; it takes none of the inputs the others weigh."""
+    return PriorityFairShare()
+
+
+EVERY_POLICY = [*POLICIES, pytest.param(priority_fair_share, id="priority-fair-share")]
+
+
 def run(
     factory: PolicyFactory, demands: list[Demand], free: Mapping[str, int], **inputs: object
 ) -> dict[str, int]:
     return {key[1]: n for key, n in factory(**inputs).allocate(demands, free).items()}
 
 
-# --- shared: bounds, priority and degenerate cases --------------------------------------------------
+# --- shared by every policy: bounds, priority and degenerate cases ----------------------------------
 
 SHARED = [
-    pytest.param([demand("a", 1, 8)], {}, {"a": 0}, id="no GPUs"),
-    pytest.param([demand("a", 1, 8)], {"n0": 0, "n1": 0}, {"a": 0}, id="nodes with nothing free"),
-    pytest.param([demand("a", 1, 16)], NODES4, {"a": 16}, id="one job (prior) takes the cluster"),
-    pytest.param([demand("a", 1, 3)], NODES4, {"a": 3}, id="one job capped at its max"),
+    pytest.param([make_demand("a", 1, 8)], {}, {"a": 0}, id="no GPUs"),
+    pytest.param([make_demand("a", 1, 8)], {"n0": 0, "n1": 0}, {"a": 0}, id="nodes with nothing free"),
+    pytest.param([make_demand("a", 1, 16)], NODES4, {"a": 16}, id="one job (prior) takes the cluster"),
+    pytest.param([make_demand("a", 1, 3)], NODES4, {"a": 3}, id="one job capped at its max"),
     pytest.param(
-        [demand(j, 4, 16, created=i) for i, j in enumerate("abcd")],
+        [make_demand(j, 4, 16, created=i) for i, j in enumerate("abcd")],
         NODES4,
         dict.fromkeys("abcd", 4),
         id="every job at min",
     ),
     pytest.param(
-        [demand("huge", 20, 32, created=1), demand("small", 1, 4, created=2)],
+        [make_demand("huge", 20, 32, created=1), make_demand("small", 1, 4, created=2)],
         NODES4,
         {"huge": 0, "small": 4},
         id="a job larger than the cluster waits",
     ),
     pytest.param(
-        [demand(j, 0, 8, created=i) for i, j in enumerate("abc")],
+        [make_demand(j, 0, 8, created=i) for i, j in enumerate("abc")],
         {"n0": 3},
         dict.fromkeys("abc", 1),
         id="min 0: every job gets a first worker before any grows",
     ),
-    pytest.param([demand("held", 1, 0)], NODES4, {"held": 0}, id="hold below min: nothing"),
-    pytest.param([demand("cpu", 2, 5, gpus=0)], {}, {"cpu": 5}, id="no GPUs needed: max"),
+    pytest.param([make_demand("held", 1, 0)], NODES4, {"held": 0}, id="hold below min: nothing"),
+    pytest.param([make_demand("cpu", 2, 5, gpus=0)], {}, {"cpu": 5}, id="no GPUs needed: max"),
     pytest.param(
-        [demand("two", 1, 8, gpus=2, nodes={"a": 3, "b": 3, "c": 1})],
+        [make_demand("two", 1, 8, gpus=2, nodes={"a": 3, "b": 3, "c": 1})],
         {"a": 3, "b": 3, "c": 1},
         {"two": 2},
         id="whole pods per node",
     ),
     pytest.param(
-        [demand("low", 6, 16, priority=0, created=1), demand("high", 2, 12, priority=10, created=2)],
+        [
+            make_demand("low", 6, 16, priority=0, created=1),
+            make_demand("high", 2, 12, priority=10, created=2),
+        ],
         NODES4,
         {"high": 12, "low": 0},
         id="priority first: lower level waits when its min no longer fits",
@@ -117,7 +108,7 @@ SHARED = [
 ]
 
 
-@pytest.mark.parametrize("factory", POLICIES)
+@pytest.mark.parametrize("factory", EVERY_POLICY)
 @pytest.mark.parametrize(("demands", "free", "expected"), SHARED)
 def test_shared_cases(
     factory: PolicyFactory, demands: list[Demand], free: dict[str, int], expected: dict[str, int]
@@ -132,7 +123,9 @@ def test_allocations_fit_and_respect_bounds(factory: PolicyFactory, seed: int) -
     free = {f"n{i}": rnd.choice([0, 2, 4, 8]) for i in range(6)}
     devices = {name: NodeDevices(physical=2, replicas=8) for name in list(free)[:3]}
     demands = [
-        demand(f"j{i}", rnd.randint(0, 3), rnd.randint(0, 10), rnd.randint(0, 1), i, rnd.randint(1, 2), free)
+        make_demand(
+            f"j{i}", rnd.randint(0, 3), rnd.randint(0, 10), rnd.randint(0, 1), i, rnd.randint(1, 2), free
+        )
         for i in range(8)
     ]
     job_metrics = {d.key: metrics(rnd.choice([SCALES_WELL, SYNC_BOUND])) for d in demands[::2]}
@@ -148,26 +141,28 @@ def test_allocations_fit_and_respect_bounds(factory: PolicyFactory, seed: int) -
 def test_goodput_gives_more_to_the_job_that_scales_better() -> None:
     job_metrics = {("ns", "good"): metrics(SCALES_WELL), ("ns", "bad"): metrics(SYNC_BOUND)}
     for first, second in (("good", "bad"), ("bad", "good")):
-        demands = [demand(first, 1, 16, created=1), demand(second, 1, 16, created=2)]
+        demands = [make_demand(first, 1, 16, created=1), make_demand(second, 1, 16, created=2)]
         allocation = run(GoodputPolicy, demands, NODES4, metrics=job_metrics, now=NOW)
         assert allocation["good"] > 8 > allocation["bad"] >= 1, allocation
 
 
 def test_goodput_prior_lets_an_unmeasured_job_grow_next_to_a_measured_one() -> None:
-    demands = [demand("bad", 1, 16, created=1), demand("new", 1, 16, created=2)]
+    demands = [make_demand("bad", 1, 16, created=1), make_demand("new", 1, 16, created=2)]
     allocation = run(GoodputPolicy, demands, NODES4, metrics={("ns", "bad"): metrics(SYNC_BOUND)}, now=NOW)
     assert allocation["new"] > allocation["bad"] >= 1, allocation
 
 
 def test_goodput_leaves_gpus_that_would_slow_a_job_down() -> None:
     allocation = run(
-        GoodputPolicy, [demand("bad", 1, 16)], NODES4, metrics={("ns", "bad"): metrics(SYNC_BOUND)}
+        GoodputPolicy, [make_demand("bad", 1, 16)], NODES4, metrics={("ns", "bad"): metrics(SYNC_BOUND)}
     )
     assert allocation == {"bad": 4}  # one node: crossing nodes costs more than it gives
 
 
 def test_goodput_gives_no_worker_beyond_the_virtual_nodes() -> None:
-    allocation = run(GoodputPolicy, [demand("a", 1, 16)], NODES4, metrics={("ns", "a"): metrics(virtual=6)})
+    allocation = run(
+        GoodputPolicy, [make_demand("a", 1, 16)], NODES4, metrics={("ns", "a"): metrics(virtual=6)}
+    )
     assert allocation == {"a": 6}
 
 
@@ -180,7 +175,7 @@ def test_goodput_gives_no_worker_beyond_the_virtual_nodes() -> None:
 )
 def test_goodput_rescale_penalty(rescales: int, age: float, expected: int) -> None:
     job_metrics = {("ns", "a"): metrics(rescales=rescales, rescale_pause_s=60.0)}
-    running = demand("a", 1, 16, created=NOW - age, current=("n0",) * 4)
+    running = make_demand("a", 1, 16, created=NOW - age, current=("n0",) * 4)
     assert run(GoodputPolicy, [running], NODES4, metrics=job_metrics, now=NOW) == {"a": expected}
 
 
@@ -193,7 +188,7 @@ def test_quality_gives_more_to_the_job_with_more_predicted_reduction() -> None:
         ("ns", "converged"): metrics(losses=losses(0, 30_000, 500)),
     }
     for first, second in (("early", "converged"), ("converged", "early")):
-        demands = [demand(first, 1, 16, created=1), demand(second, 1, 16, created=2)]
+        demands = [make_demand(first, 1, 16, created=1), make_demand(second, 1, 16, created=2)]
         allocation = run(QualityPolicy, demands, NODES4, metrics=job_metrics)
         assert allocation["early"] > allocation["converged"] >= 1, allocation
 
@@ -213,8 +208,8 @@ def test_quality_prior_treats_a_new_job_as_early(
     if new_metrics is not None:
         job_metrics[("ns", "new")] = new_metrics
     demands = [
-        demand("converged", 1, 16, created=1),
-        demand("new", 1, 12 if new_metrics is None else 16, created=2),
+        make_demand("converged", 1, 16, created=1),
+        make_demand("new", 1, 12 if new_metrics is None else 16, created=2),
     ]
     assert run(QualityPolicy, demands, NODES4, metrics=job_metrics) == expected
 
@@ -222,7 +217,7 @@ def test_quality_prior_treats_a_new_job_as_early(
 def test_quality_stops_where_more_gpus_do_not_speed_the_job() -> None:
     allocation = run(
         QualityPolicy,
-        [demand("a", 1, 16)],
+        [make_demand("a", 1, 16)],
         NODES4,
         metrics={("ns", "a"): metrics(virtual=6, losses=losses(0, 500))},
     )
@@ -245,7 +240,7 @@ SLICED = {"s": NodeDevices(physical=2, replicas=8)}
 def test_time_slicing_is_not_free(
     factory: PolicyFactory, devices: dict[str, NodeDevices], expected: int
 ) -> None:
-    job = demand("a", 1, 8, nodes={"s": 8})
+    job = make_demand("a", 1, 8, nodes={"s": 8})
     assert run(factory, [job], {"s": 8}, metrics={("ns", "a"): metrics(virtual=8)}, devices=devices) == {
         "a": expected
     }
@@ -255,7 +250,7 @@ def test_packing_prefers_an_idle_physical_device_over_best_fit() -> None:
     devices = {"busy": NodeDevices(physical=2, replicas=4), "idle": NodeDevices(physical=2, replicas=4)}
     free = {"busy": 2, "idle": 4}  # best fit alone would pick "busy", whose devices are both in use
     packing = SlicedPacking(free, devices)
-    job = demand("a", 1, 2, nodes=free)  # both nodes could hold the whole job
+    job = make_demand("a", 1, 2, nodes=free)  # both nodes could hold the whole job
     assert packing.place(job) and packing.place(job)
     assert packing.free == {"busy": 2, "idle": 2}
     assert packing.placement(job) == Placement(workers=2, nodes=1, share=1.0)
@@ -265,7 +260,7 @@ def test_packing_prefers_an_idle_physical_device_over_best_fit() -> None:
 
 def test_packing_keeps_running_workers_on_their_nodes() -> None:
     packing = SlicedPacking({"a": 4, "b": 4}, {})
-    job = demand("s", 1, 3, nodes={"a": 4, "b": 4}, current=("b", "b"))
+    job = make_demand("s", 1, 3, nodes={"a": 4, "b": 4}, current=("b", "b"))
     assert packing.place(job) and packing.place(job) and packing.place(job)
     assert packing.free == {"a": 4, "b": 1}
 
