@@ -14,7 +14,7 @@ INSTALL_STAMP := $(VENV)/.installed
 PYPROJECTS := pyproject.toml api/pyproject.toml operator/pyproject.toml trainer-image/pyproject.toml
 
 .PHONY: help demo install tools cluster-up cluster-down lint typecheck test test-unit test-trainer \
-	test-integration test-e2e crds base-image images images-test kind-images kind-up \
+	test-integration test-e2e test-e2e-ci crds base-image images images-test kind-images kind-up \
 	kind-smoke kind-down bench-operator bench-trainer clean
 
 help: ## List every target with one line.
@@ -36,7 +36,8 @@ cluster-up: install tools ## Start a local control plane with fake GPU nodes; ku
 	@$(TOOLS_BIN)/kubectl --kubeconfig $(KUBECONFIG_LOCAL) get nodes \
 		-o custom-columns='NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,GPUS:.status.capacity.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product,CAPACITY:.metadata.labels.karpenter\.sh/capacity-type'
 
-demo: cluster-up ## Set everything up and start the local cluster with fake GPU nodes (the README's first command).
+demo: install tools ## The main job (the README's first command): kind cluster, operator by helm, digits trained through a node lost and regained.
+	$(PY) -m ebbflow_operator.devcluster.demo
 
 cluster-down: ## Stop the local control plane; leaves no process behind.
 	@if [ -x $(PY) ]; then $(PY) -m ebbflow_operator.devcluster down; else echo "not running"; fi
@@ -48,9 +49,10 @@ lint: ## ruff check and format check.
 typecheck: ## mypy (strict) over both packages.
 	@$(VENV)/bin/mypy
 
-test: install tools ## Everything CI runs: lint, typecheck, unit, trainer and integration tiers.
+test: install tools ## Everything CI runs: lint, typecheck, unit, trainer and integration tiers; under CI=true also e2e.
 	@$(MAKE) --no-print-directory lint typecheck
 	$(PYTEST) -m "unit or trainer or integration" tests
+	@if [ "$$CI" = true ]; then $(MAKE) --no-print-directory test-e2e-ci; fi
 
 test-unit: install ## Unit tier: pure logic and trainer maths, no API.
 	$(PYTEST) -m unit tests
@@ -63,6 +65,10 @@ test-integration: install tools ## Integration tier: real control plane with KWO
 
 test-e2e: install tools ## End-to-end tier: real pods on the kind cluster (builds and loads images; minutes cold). See e2e/.
 	$(PYTEST) e2e
+
+# CI: the e2e tier, then the kind cluster is removed whatever the outcome (a CI machine keeps no cluster).
+test-e2e-ci: install tools
+	@status=0; $(PYTEST) e2e || status=$$?; bash hack/kind/down.sh || true; exit $$status
 
 crds: install ## Regenerate crds/ from the API models (api/ebbflow_api/models.py).
 	$(PY) -m ebbflow_api.crd > crds/ebbflow.dev_elastictrainingjobs.yaml
@@ -96,3 +102,15 @@ bench-trainer: install ## Trainer rescale-pause benchmark against stock torchrun
 
 clean: cluster-down ## Remove the venv, built tools in .tools and cluster state (the per-machine tool cache stays).
 	rm -rf $(VENV) .tools .cluster .pytest_cache .mypy_cache .ruff_cache
+
+.PHONY: chart-crds chart-lint
+
+chart-crds: crds ## Regenerate crds/ and copy it into the Helm chart (charts/ebbflow/files/crds/, byte-identical).
+	cp crds/ebbflow.dev_elastictrainingjobs.yaml charts/ebbflow/files/crds/ebbflow.dev_elastictrainingjobs.yaml
+
+chart-lint: install tools ## helm lint the chart (defaults and every switch on) and run its unit tests.
+	$(TOOLS_BIN)/helm lint --strict charts/ebbflow
+	$(TOOLS_BIN)/helm lint --strict charts/ebbflow --set watchNamespaces='{team-a,team-b}' \
+		--set metrics.serviceMonitor.enabled=true --set metrics.podMonitor.enabled=true \
+		--set dashboard.enabled=true
+	$(PYTEST) tests/unit/test_chart.py

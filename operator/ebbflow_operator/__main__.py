@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import threading
 from collections.abc import Sequence
 
@@ -37,6 +38,19 @@ def _selector(text: str) -> dict[str, str]:
             raise argparse.ArgumentTypeError(f"expected key=value, got {part!r}")
         selector[key] = value
     return selector
+
+
+# A ServiceAccount name (DNS-1123 subdomain) and a namespace name (DNS-1123 label).
+_ACCOUNT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_NAMESPACE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _service_account(text: str) -> tuple[str, str]:
+    """`[namespace/]name` -> (namespace, name); namespace "" means every namespace."""
+    namespace, _, name = text.strip().rpartition("/")
+    if not _ACCOUNT_NAME.match(name) or (namespace and not _NAMESPACE_NAME.match(namespace)):
+        raise argparse.ArgumentTypeError(f"expected [namespace/]serviceaccount, got {text!r}")
+    return namespace, name
 
 
 _PLANNER, _OPERATOR = PlannerConfig(), OperatorConfig()
@@ -109,6 +123,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(default 8081)",
     )
     parser.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--trainer-service-account",
+        metavar="[NAMESPACE/]NAME",
+        type=_service_account,
+        action="append",
+        default=[_service_account(a) for a in _env("TRAINER_SERVICE_ACCOUNT", "").split(",") if a],
+        help="ServiceAccount of worker pods whose template sets none, in NAMESPACE or, without one, in "
+        "every namespace (repeatable; env EBBFLOW_OPERATOR_TRAINER_SERVICE_ACCOUNT=a/x,b/x); it must "
+        "exist there and may patch pods, for the trainer's progress annotation; default: the "
+        "namespace's default account",
+    )
     return parser.parse_args(argv)
 
 
@@ -131,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         planner=PlannerConfig(pending_timeout=args.pending_timeout, hold_seconds=args.pending_hold),
         resync_interval=args.resync_interval,
         relist_interval=args.relist_interval,
+        trainer_service_accounts=dict(args.trainer_service_account),
     )
     metrics = Metrics()
     if args.metrics_port:

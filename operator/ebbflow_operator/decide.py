@@ -35,6 +35,8 @@ class OperatorConfig:
     relist_interval: float = 60.0  # full lists at least this often (the cache is fed by watches)
     debounce: float = 0.05  # gather a burst of watch events into one pass
     write_concurrency: int = 8
+    # ServiceAccount of workers whose template names none, by namespace ("" = every namespace).
+    trainer_service_accounts: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ it, and carries the contract's labels so the operator finds it again after a res
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from ebbflow_api import contract
@@ -91,8 +92,21 @@ def _env(job: Job, world_generation: int, container: Json) -> list[Json]:
     return env
 
 
-def worker_pod(job: Job, index: int, world_generation: int) -> Json:
-    """A worker: the job's template plus the contract's labels, annotations and environment."""
+def trainer_service_account(accounts: Mapping[str, str], namespace: str) -> str:
+    """The ServiceAccount for workers in `namespace` (`--trainer-service-account`): the namespace's
+    own entry, else the entry for every namespace (key ""), else "" (the namespace's default)."""
+    return accounts.get(namespace) or accounts.get("", "")
+
+
+def worker_pod(
+    job: Job, index: int, world_generation: int, service_accounts: Mapping[str, str] | None = None
+) -> Json:
+    """A worker: the job's template plus the contract's labels, annotations and environment.
+
+    `service_accounts` (namespace -> name, "" for every namespace) names the ServiceAccount of
+    workers whose template sets none: the trainer patches its own pod's progress annotation with
+    that account's token, so it needs a Role allowing it (the Helm chart creates one).
+    """
     template = job.spec.template.to_json()
     metadata: Json = template.get("metadata") or {}
     spec: Json = template["spec"]
@@ -105,6 +119,9 @@ def worker_pod(job: Job, index: int, world_generation: int) -> Json:
     spec["terminationGracePeriodSeconds"] = job.spec.leave_grace_seconds
     spec["hostname"] = worker_name(job.name, index)
     spec["subdomain"] = headless_service_name(job.name)
+    account = trainer_service_account(service_accounts or {}, job.namespace)
+    if account and not spec.get("serviceAccountName") and not spec.get("serviceAccount"):
+        spec["serviceAccountName"] = account
     labels = dict(metadata.get("labels") or {})
     return {
         "apiVersion": "v1",

@@ -237,7 +237,12 @@ class Reconciler:
             body = manifests.rendezvous_service(job) if rendezvous else manifests.headless_service(job)
             steps.append((partial(io.create_service, ns, body), services))
         steps += [
-            (partial(io.create_pod, ns, manifests.worker_pod(job, i, g)), pods)
+            (
+                partial(
+                    io.create_pod, ns, manifests.worker_pod(job, i, g, self.config.trainer_service_accounts)
+                ),
+                pods,
+            )
             for i, g in plan.create_workers
         ]
         return steps

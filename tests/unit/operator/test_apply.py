@@ -29,6 +29,7 @@ class FakeCluster:
         self.fail = fail or {}
         self.calls: list[Call] = []
         self.jobs: list[Json] = []
+        self.created_pods: list[Json] = []
 
     def _call(self, operation: str, name: str) -> None:
         self.calls.append((operation, name))
@@ -50,6 +51,7 @@ class FakeCluster:
 
     def create_pod(self, namespace: str, body: Json) -> Json | None:
         self._call("create_pod", body["metadata"]["name"])
+        self.created_pods.append(body)
         return None
 
     def create_service(self, namespace: str, body: Json) -> Json | None:
@@ -203,3 +205,11 @@ def test_liveness_fails_once_no_pass_completed_for_long(resync: float, idle: flo
     assert (result is not None) == stalled
     loop.run_pass()  # a completed pass resets the clock
     assert loop.last_pass_at > started and loop.stalled_for(loop.last_pass_at + 1.0) is None
+
+
+def test_workers_get_the_trainer_service_account_the_operator_was_given() -> None:
+    cluster = FakeCluster()
+    config = OperatorConfig(trainer_service_accounts={"": "ebbflow-trainer"})
+    Reconciler(cluster, config, Metrics())._apply(FULL)
+    accounts = {p["metadata"]["name"]: p["spec"].get("serviceAccountName") for p in cluster.created_pods}
+    assert accounts == {RDZV: None, "train-worker-4": "ebbflow-trainer"}

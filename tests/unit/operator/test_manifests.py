@@ -340,6 +340,70 @@ def test_worker_pod_round_trips_through_the_parser() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("template_account", "accounts", "namespace", "expected"),
+    [
+        pytest.param(None, None, "ns", None, id="no-accounts-leaves-the-default"),
+        pytest.param(None, {}, "ns", None, id="empty-accounts-leave-the-default"),
+        pytest.param(None, {"ns": "ebbflow-trainer"}, "ns", "ebbflow-trainer", id="namespace-entry"),
+        pytest.param(None, {"other": "ebbflow-trainer"}, "ns", None, id="other-namespace-only"),
+        pytest.param(None, {"": "trainer"}, "ns", "trainer", id="every-namespace-entry"),
+        pytest.param(None, {"": "everywhere", "ns": "here"}, "ns", "here", id="namespace-beats-every"),
+        pytest.param("mine", {"ns": "ebbflow-trainer"}, "ns", "mine", id="template-account-wins"),
+        pytest.param("mine", {"": "ebbflow-trainer"}, "ns", "mine", id="template-account-wins-every"),
+    ],
+)
+def test_worker_pod_service_account(
+    template_account: str | None, accounts: dict[str, str] | None, namespace: str, expected: str | None
+) -> None:
+    builder = JobBuilder("j", namespace)
+    if template_account is not None:
+        builder = builder.pod_spec(serviceAccountName=template_account)
+    job = make_job(builder)
+    spec = manifests.worker_pod(job, 0, world_generation=1, service_accounts=accounts)["spec"]
+    assert spec.get("serviceAccountName") == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "environment", "expected"),
+    [
+        pytest.param([], "", [], id="default-none"),
+        pytest.param(["--trainer-service-account", "ml/runner"], "", [("ml", "runner")], id="namespaced"),
+        pytest.param(["--trainer-service-account=runner"], "", [("", "runner")], id="every-namespace"),
+        pytest.param(
+            ["--trainer-service-account=a/x", "--trainer-service-account=b/y"],
+            "",
+            [("a", "x"), ("b", "y")],
+            id="repeated",
+        ),
+        pytest.param([], "a/x,b/x", [("a", "x"), ("b", "x")], id="environment"),
+    ],
+)
+def test_trainer_service_account_flag(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], environment: str, expected: list[tuple[str, str]]
+) -> None:
+    from ebbflow_operator.__main__ import parse_args
+
+    monkeypatch.setenv("EBBFLOW_OPERATOR_TRAINER_SERVICE_ACCOUNT", environment)
+    assert parse_args(argv).trainer_service_account == expected
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("Team/runner", id="namespace-uppercase"),
+        pytest.param("ml/", id="no-name"),
+        pytest.param("a/b/c", id="two-slashes"),
+        pytest.param("ml/runner_1", id="underscore"),
+    ],
+)
+def test_trainer_service_account_flag_refuses_bad_names(value: str) -> None:
+    from ebbflow_operator.__main__ import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--trainer-service-account", value])
+
+
 # --- rendezvous_pod ------------------------------------------------------------------------------
 
 
