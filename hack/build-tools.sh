@@ -21,6 +21,8 @@ FLANNEL_VERSION=v0.28.10
 CNI_PLUGINS_VERSION=v1.9.1
 CRICTL_VERSION=v1.36.0
 LOCAL_PATH_VERSION=v0.0.30
+# Prometheus 3.16.0 (Go module version v0.316.0) for hack/prometheus/: not part of the default set.
+PROMETHEUS_VERSION=$(awk '$1 == "github.com/prometheus/prometheus" {print $2; exit}' "$ROOT/hack/prometheus/tools/go.mod")
 
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 mkdir -p "$TOOLS_BIN" "$TOOLS_CACHE"
@@ -136,6 +138,38 @@ build_cni_plugins() {
   echo "  cni-plugins $CNI_PLUGINS_VERSION"
 }
 
+# build_prometheus: prometheus and promtool for hack/prometheus/, in the wrapper module hack/prometheus/tools
+# (its go.mod says why a wrapper: the proxy refuses three of the versions Prometheus requires). Built like
+# build_flannel, in a scratch copy of the module holding ./go-yaml: go.yaml.in/yaml/v4 under the path
+# github.com/pb33f/go-yaml. Tags: remove_all_sd,enable_kubernetes_sd keep only the file, http and
+# kubernetes service discovery (no cloud ones); not builtinassets, which embeds the web UI (its assets are
+# not in the module zip: the build would fail), so UI pages answer 500; the HTTP API is all we use.
+build_prometheus() {
+  local dir=$TOOLS_CACHE/prometheus-$PROMETHEUS_VERSION v=${PROMETHEUS_VERSION#v0.} work src ldflags
+  local pkg=github.com/prometheus/common/version m=github.com/prometheus/prometheus/cmd
+  v=${v:0:1}.${v:1} # the release: v0.316.0 -> 3.16.0
+  if ! cached prometheus "$PROMETHEUS_VERSION" || [[ ! -x $dir/promtool ]]; then
+    echo "building prometheus $PROMETHEUS_VERSION (Prometheus $v; first time on this machine: several minutes)"
+    mkdir -p "$dir"
+    work=$(mktemp -d)
+    cp "$ROOT/hack/prometheus/tools/go.mod" "$ROOT/hack/prometheus/tools/go.sum" "$work/"
+    src=$(cd "$work" && go mod download -json go.yaml.in/yaml/v4 | awk -F'"' '$2 == "Dir" {print $4}')
+    cp -R "$src" "$work/go-yaml"
+    chmod -R u+w "$work/go-yaml"
+    grep -rlZ --include='*.go' --include=go.mod go.yaml.in/yaml/v4 "$work/go-yaml" |
+      xargs -0 sed -i 's#go\.yaml\.in/yaml/v4#github.com/pb33f/go-yaml#g'
+    ldflags="-s -w -X $pkg.Version=$v -X $pkg.Revision=$PROMETHEUS_VERSION -X $pkg.Branch=HEAD"
+    ldflags+=" -X $pkg.BuildUser=ebbflow -X $pkg.BuildDate=19700101-00:00:00"
+    (cd "$work" && go build -trimpath -tags remove_all_sd,enable_kubernetes_sd -ldflags "$ldflags" \
+      -o "$work/bin/" "$m/prometheus" "$m/promtool")
+    mv -f "$work/bin/promtool" "$dir/promtool"
+    mv -f "$work/bin/prometheus" "$dir/prometheus"
+    rm -rf "$work"
+  fi
+  install_from_cache prometheus "$PROMETHEUS_VERSION"
+  cp -f "$dir/promtool" "$TOOLS_BIN/promtool.tmp" && mv -f "$TOOLS_BIN/promtool.tmp" "$TOOLS_BIN/promtool"
+}
+
 want=${*:-kubernetes etcd kwok helm kind}
 for tool in $want; do
   case $tool in
@@ -151,6 +185,8 @@ for tool in $want; do
     crictl) build_crictl ;;
     cni-plugins) build_cni_plugins ;;
     local-path-provisioner) build_module local-path-provisioner github.com/rancher/local-path-provisioner "$LOCAL_PATH_VERSION" ;;
-    *) echo "unknown tool '$tool' (known: kubernetes etcd kwok helm kind; for kind nodes: kubernetes-node coredns flannel crictl cni-plugins local-path-provisioner)" >&2; exit 2 ;;
+    # Prometheus and promtool for hack/prometheus/ (e2e tier, demo); not in the default set.
+    prometheus) build_prometheus ;;
+    *) echo "unknown tool '$tool' (known: kubernetes etcd kwok helm kind; for kind nodes: kubernetes-node coredns flannel crictl cni-plugins local-path-provisioner; other: prometheus)" >&2; exit 2 ;;
   esac
 done
