@@ -10,6 +10,7 @@ script's own ``extra_state``.
 from __future__ import annotations
 
 import copy
+import hashlib
 import io
 import logging
 import os
@@ -56,6 +57,18 @@ def _to_cpu(value: Any) -> Any:
     if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
         return type(value)(_to_cpu(item) for item in value)
     return value
+
+
+def model_digest(model: torch.nn.Module) -> str:
+    """SHA-256 over the model's parameters and buffers (names, dtypes, shapes, bytes), in state_dict
+    order: two runs that end bitwise equal print the same digest, so runs on different clusters
+    (a disturbed one and a calm one) compare without copying their checkpoints out."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        value = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{value.dtype}:{tuple(value.shape)};".encode())
+        digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def capture(engine: VirtualNodeEngine, step: int, last_step_wall_time: float) -> dict[str, Any]:

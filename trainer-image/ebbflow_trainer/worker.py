@@ -11,6 +11,11 @@ or died); the agent treats it as a failure and restarts the worker in the next r
 ``contract.EXIT_NONFINITE_LOSS`` when ``max_nonfinite_steps`` steps in a row were skipped for a
 non-finite loss or gradient: every worker of the world decides this at the same step, rank 0 saves the
 last finite state as the checkpoint, and the launcher ends with that code instead of restarting.
+
+After bootstrap a worker needs the rendezvous store for nothing but rank 0's record of the job's
+newest step (``last-step``, to count the steps a new world lost). A lost store (see
+:mod:`.rendezvous`) stops that record until the next world, and a new store that never held it
+counts no step lost: training never waits on the store.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from ebbflow_api import contract
+from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from ebbflow_trainer import metrics, state
 from ebbflow_trainer.api import load_spec
@@ -44,6 +50,11 @@ from ebbflow_trainer.termination import write_termination_message
 
 EXIT_REFORM = 75
 log = logging.getLogger("ebbflow_trainer.worker")
+# What a new world's workers log (rank 0 also the steps lost, then its first step's pause); the demo
+# and the e2e tier read these lines from the pods' logs (ebbflow_operator.devcluster.trainer_logs).
+RESUMES_LOG = "generation %s: rank %s of %s resumes at step %s from %s%s"
+RESUMED_LOG = "generation %s: training resumed after a %.2f s pause"
+FINISHED_LOG = "finished at step %s; model sha256 %s"
 
 
 class LeaveNow(Exception):
@@ -177,7 +188,7 @@ class Worker:
         )
         self.step = 0
         self.last_step_wall_time = time.time()
-        self.store = connect(config, config.store_timeout)
+        self.store: TCPStore | None = connect(config, config.store_timeout)
         self.progress = metrics.ProgressReporter(config) if world.rank == 0 else None
         self._last_store_report = 0.0
 
@@ -216,8 +227,7 @@ class Worker:
         self.source = source
         lost = 0
         if self.world.rank == 0:
-            if self.store.check([self._last_step_key]):
-                lost = max(0, int(self.store.get(self._last_step_key)) - self.step)
+            lost = self._steps_lost()
             metrics.STEPS_LOST.inc(lost)
         self.journal.write(
             "generation",
@@ -230,7 +240,7 @@ class Worker:
             steps_lost=lost,
         )
         log.info(
-            "generation %s: rank %s of %s resumes at step %s from %s%s",
+            RESUMES_LOG,
             self.world.generation,
             self.world.rank,
             self.world.size,
@@ -242,6 +252,24 @@ class Worker:
     @property
     def _last_step_key(self) -> str:
         return f"ebbflow/{self.config.rdzv_id}/last-step"
+
+    def _steps_lost(self) -> int:
+        """The job's newest step (rank 0 records it in the store) minus the step this world resumes at.
+        A store that never held it (the first world, or a new store after a loss) counts none."""
+        try:
+            if self.store is not None and self.store.check([self._last_step_key]):
+                return max(0, int(self.store.get(self._last_step_key)) - self.step)
+        except RuntimeError as error:  # torch's DistError: the store is gone
+            self._store_unreachable(error)
+        return 0
+
+    def _store_unreachable(self, error: Exception) -> None:
+        log.warning(
+            "the rendezvous store is unreachable (%s); training on without recording the last step "
+            "until the next world",
+            error,
+        )
+        self.store = None
 
     # --- training --------------------------------------------------------------------------------
     def train(self) -> int:
@@ -285,6 +313,8 @@ class Worker:
                 self.journal.write(
                     "resumed", generation=world.generation, step=self.step, pause_seconds=pause
                 )
+                if world.rank == 0:
+                    log.info(RESUMED_LOG, world.generation, pause)
             first_step = False
             self.last_step_wall_time = now
             self._evaluate()
@@ -306,6 +336,7 @@ class Worker:
         if world.rank == 0:
             self.write_checkpoint()
             self._report_last_step(force=True)
+            log.info(FINISHED_LOG, self.step, state.model_digest(self.spec.model))
         self.journal.write("done", step=self.step, generation=world.generation)
         return contract.EXIT_SUCCESS
 
@@ -376,9 +407,12 @@ class Worker:
     def _report_last_step(self, force: bool = False) -> None:
         """Rank 0 keeps the job's newest step in the store, so a restart can count the steps it lost."""
         now = time.monotonic()
-        if force or now - self._last_store_report >= 1.0:
+        if self.store is not None and (force or now - self._last_store_report >= 1.0):
             self._last_store_report = now
-            self.store.set(self._last_step_key, str(self.step))
+            try:
+                self.store.set(self._last_step_key, str(self.step))
+            except RuntimeError as error:  # torch's DistError: the store is gone
+                self._store_unreachable(error)
 
     def stop_for_new_world(self) -> int:
         """Someone asked to leave (or the agent must admit a newcomer): stop at this step boundary."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ebbflow_trainer.api import load_spec
+from ebbflow_trainer.api import import_script, load_spec
 from ebbflow_trainer.engine import StepResult, VirtualNodeEngine
 
 from tests.simulated_world import step_world
@@ -59,3 +59,14 @@ def test_the_hf_example_warms_up_clips_and_evaluates_held_out_perplexity() -> No
     assert engine.evaluation.due(50, total_steps=spec.steps) and not engine.evaluation.due(49, spec.steps)
     after = engine.evaluation.run(6)
     assert after["perplexity"] < before["perplexity"], (before, after)
+
+
+def test_digits_reaches_its_target_accuracy_on_held_out_images() -> None:
+    torch.manual_seed(0)
+    script = str(EXAMPLES / "digits/train.py")
+    engine = VirtualNodeEngine(
+        load_spec(script), trainer_config(spec="digits", virtual_nodes=4, global_batch_size=256)
+    )
+    assert engine.evaluation.run(0)["accuracy"] < 0.5, "random weights"
+    _train(engine, 100)
+    assert engine.evaluation.run(100)["accuracy"] >= import_script(script).TARGET_ACCURACY

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 from pathlib import Path
@@ -44,3 +45,14 @@ def test_numpy_and_python_rng_states_round_trip_through_bytes() -> None:
     state._set_numpy_rng_state(saved["numpy"])
     random.setstate(saved["python"])
     assert (np.random.rand(4).tolist(), np.random.randn(2).tolist(), random.random()) == expected
+
+
+def test_the_model_digest_changes_with_any_bit_and_only_then() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    twin = copy.deepcopy(model)
+    assert state.model_digest(model) == state.model_digest(twin)
+    with torch.no_grad():
+        bits = twin[0].weight.view(torch.int32)
+        bits[0, 0] ^= 1  # the last bit of one float
+    assert state.model_digest(model) != state.model_digest(twin)
