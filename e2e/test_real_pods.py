@@ -1,125 +1,69 @@
 """The operator and the trainer together on real pods: a job trains to the end on real containers
 across the kind workers (time-sliced fake GPUs); a worker deleted mid-run leaves through SIGTERM at
-a step boundary and no step is lost."""
+a step boundary and no step is lost; workers time-slicing one physical device train side by side."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-from typing import Any
-
-import yaml
-from ebbflow_api.builders import JobBuilder
 from ebbflow_api.waiting import wait_for
+from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, WORKERS, Kind
 
-from .conftest import TRAINER_IMAGE, WORKERS, Kind
-
-JOB_DEADLINE_S = 420
-# The digits example with device time simulated per virtual node, so a run lasts long enough to
-# disturb (the CPU computes a step in milliseconds).
-SCRIPT = "/opt/ebbflow/examples/digits/train.py"
-RESUMED = re.compile(
-    r"generation (\d+): rank (\d+) of (\d+) resumes at step (\d+) from (\w+)(?:, (\d+) step)?"
-)
+from . import jobs
+from .jobs import JOB_DEADLINE_S
 
 
-def _job(name: str, lo: int, hi: int, steps: int, vnode_seconds: float, **spec: Any) -> dict[str, Any]:
-    job = JobBuilder(name).replicas(lo, hi).gpus(1).set(virtualNodes=4, globalBatchSize=256, **spec).obj()
-    container = job["spec"]["template"]["spec"]["containers"][0]
-    container["image"], container["imagePullPolicy"] = TRAINER_IMAGE, "IfNotPresent"
-    container["command"] = ["ebbflow-train", "run", SCRIPT, "--steps", str(steps)]
-    container["command"] += ["--simulated-vnode-seconds", str(vnode_seconds)]
-    container["volumeMounts"] = [{"name": "checkpoints", "mountPath": "/checkpoints"}]
-    job["spec"]["template"]["spec"]["volumes"] = [{"name": "checkpoints", "emptyDir": {}}]
-    return job
-
-
-def _apply(kind: Kind, namespace: str, job: dict[str, Any]) -> None:
-    kind.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(job))
-
-
-def _phase(kind: Kind, namespace: str, name: str) -> str:
-    return str(kind.json("-n", namespace, "get", "elastictrainingjob", name).get("status", {}).get("phase"))
-
-
-def _wait_phase(kind: Kind, namespace: str, name: str, phase: str) -> None:
-    def reached() -> bool:
-        current = _phase(kind, namespace, name)
-        assert current != "Failed" or phase == "Failed", f"job failed: {_describe(kind, namespace)}"
-        return current == phase
-
-    wait_for(reached, JOB_DEADLINE_S, f"job {name} {phase}")
-
-
-def _describe(kind: Kind, namespace: str) -> str:
-    return kind.kubectl("-n", namespace, "get", "pods,elastictrainingjob", "-o", "wide")
-
-
-def _worker_pods(kind: Kind, namespace: str, name: str) -> list[dict[str, Any]]:
-    pods = kind.json("-n", namespace, "get", "pods", "-l", f"ebbflow.dev/job-name={name}")["items"]
-    return [p for p in pods if p["metadata"]["name"].startswith(f"{name}-worker-")]
-
-
-def _logs(kind: Kind, namespace: str, pod: str) -> str:
-    try:
-        return kind.kubectl("-n", namespace, "logs", pod)
-    except RuntimeError:
-        return ""
-
-
-def _resumptions(log: str) -> list[tuple[int, int, int, int, str, int | None]]:
-    return [
-        (int(g), int(r), int(w), int(s), source, int(lost) if lost else None)
-        for g, r, w, s, source, lost in RESUMED.findall(log)
-    ]
-
-
-def test_a_job_trains_to_the_end_on_real_pods(
-    kind: Kind, namespace: str, operator: subprocess.Popen[bytes]
-) -> None:
-    _apply(kind, namespace, _job("digits", 1, 3, steps=60, vnode_seconds=0.0))
-    _wait_phase(kind, namespace, "digits", "Succeeded")
-    pods = _worker_pods(kind, namespace, "digits")
-    assert pods and all(p["status"]["phase"] == "Succeeded" for p in pods), _describe(kind, namespace)
+def test_a_job_trains_to_the_end_on_real_pods(kind: Kind, namespace: str, operator: str) -> None:
+    jobs.apply(kind, jobs.digits_job("digits", 1, 3, steps=60, vnode_seconds=0.0))
+    jobs.wait_phase(kind, "digits", "Succeeded")
+    pods = jobs.worker_pods(kind, "digits")
+    assert pods and all(p["status"]["phase"] == "Succeeded" for p in pods), jobs.describe(kind)
     assert {p["spec"]["nodeName"] for p in pods} <= set(WORKERS)
-    exits = [p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] for p in pods]
-    assert exits == [0] * len(pods)
-    worlds = [r[2] for p in pods for r in _resumptions(_logs(kind, namespace, p["metadata"]["name"]))]
+    assert jobs.exit_codes(pods) == [0] * len(pods)
+    worlds = [r.world_size for p in pods for r in jobs.resumptions(kind, p["metadata"]["name"])]
     assert worlds and max(worlds) >= 2, "no worker trained in a world of several pods"
     # cleanPodPolicy Running: the finished job's rendezvous pod is gone, its workers stay for their logs.
     assert not kind.json("-n", namespace, "get", "pods", "-l", "ebbflow.dev/role=rendezvous")["items"]
 
 
-def _running_workers(kind: Kind, namespace: str, name: str) -> list[str]:
-    pods = _worker_pods(kind, namespace, name)
-    return [p["metadata"]["name"] for p in pods if p["status"]["phase"] == "Running"]
-
-
 def test_a_deleted_worker_leaves_by_sigterm_and_no_step_is_lost(
-    kind: Kind, namespace: str, operator: subprocess.Popen[bytes]
+    kind: Kind, namespace: str, operator: str
 ) -> None:
-    _apply(kind, namespace, _job("leave", 1, 3, steps=1500, vnode_seconds=0.05))
+    jobs.apply(kind, jobs.digits_job("leave", 1, 3, steps=800, vnode_seconds=0.05))
+    wait_for(lambda: jobs.all_training_together(kind, "leave", 3), JOB_DEADLINE_S, "three workers training")
+    latest = {pod: jobs.resumptions(kind, pod)[-1] for pod in jobs.running_workers(kind, "leave")}
+    trio = max(r.generation for r in latest.values())  # the world of three
+    victim = next(pod for pod, r in latest.items() if r.rank != 0)
+    survivors = [pod for pod in latest if pod != victim]
+    kind.kubectl("-n", E2E_NAMESPACE, "delete", "pod", victim, timeout=120)  # default grace: SIGTERM first
 
-    def three_training() -> bool:
-        running = _running_workers(kind, namespace, "leave")
-        logs = [_resumptions(_logs(kind, namespace, pod)) for pod in running]
-        return len(running) == 3 and all(r and r[-1][2] == 3 for r in logs)
+    def after_deletion() -> list[jobs.trainer_logs.Resumption]:
+        found = [r for pod in survivors for r in jobs.resumptions(kind, pod)]
+        return [r for r in found if r.generation > trio and r.world_size == 2]
 
-    wait_for(three_training, JOB_DEADLINE_S, "three workers training together")
-    running = _running_workers(kind, namespace, "leave")
-    ranks = {pod: _resumptions(_logs(kind, namespace, pod))[-1][1] for pod in running}
-    victim = next(pod for pod, rank in ranks.items() if rank != 0)
-    survivors = [pod for pod in running if pod != victim]
-    kind.kubectl("-n", namespace, "delete", "pod", victim, timeout=120)  # default grace: SIGTERM first
-
-    def reformed() -> bool:
-        return any(r[2] == 2 for pod in survivors for r in _resumptions(_logs(kind, namespace, pod)))
-
-    wait_for(reformed, JOB_DEADLINE_S, "the survivors to re-form a world of two")
-    resumed = [r for pod in survivors for r in _resumptions(_logs(kind, namespace, pod)) if r[2] == 2]
-    first = min(r[0] for r in resumed)
-    sources = {r[4] for r in resumed if r[0] == first}
+    wait_for(lambda: bool(after_deletion()), JOB_DEADLINE_S, "the survivors to re-form a world of two")
+    resumed = after_deletion()
+    first = min(r.generation for r in resumed)
+    sources = {r.source for r in resumed if r.generation == first}
     assert sources <= {"memory", "peer"} and "memory" in sources, resumed
-    lost = [r[5] for r in resumed if r[0] == first and r[1] == 0]
+    lost = [r.steps_lost for r in resumed if r.generation == first and r.rank == 0]
     assert lost == [0], f"rank 0 of the new world reports lost steps: {resumed}"
-    _wait_phase(kind, namespace, "leave", "Succeeded")
+    jobs.wait_phase(kind, "leave", "Succeeded")
+
+
+def _visible_devices(kind: Kind, pod: str) -> str:
+    command = ("-n", E2E_NAMESPACE, "exec", pod, "--", "printenv", "NVIDIA_VISIBLE_DEVICES")
+    return kind.kubectl(*command).strip()
+
+
+def test_workers_sharing_one_physical_device_both_train(kind: Kind, namespace: str, operator: str) -> None:
+    # Three one-GPU workers on one node that has 2 physical devices x 2 replicas: two of them
+    # must get replicas of the same physical device (NVIDIA's plugin sets its UUID, once).
+    jobs.apply(kind, jobs.digits_job("shared", 3, 3, steps=400, vnode_seconds=0.02, node=WORKERS[0]))
+    wait_for(lambda: jobs.all_training_together(kind, "shared", 3), JOB_DEADLINE_S, "three on one node")
+    devices = {pod: _visible_devices(kind, pod) for pod in jobs.running_workers(kind, "shared")}
+    assert all(devices.values()) and all("," not in d for d in devices.values()), devices
+    shared = [d for d in set(devices.values()) if list(devices.values()).count(d) >= 2]
+    assert shared, f"no two workers share a physical device: {devices}"
+    jobs.wait_phase(kind, "shared", "Succeeded")
+    pods = jobs.worker_pods(kind, "shared")
+    assert {p["spec"]["nodeName"] for p in pods} == {WORKERS[0]}
+    assert jobs.exit_codes(pods) == [0, 0, 0], jobs.describe(kind)

@@ -1,0 +1,102 @@
+"""Jobs on the kind cluster for the e2e tests: the digits example as an ElasticTrainingJob with the CPU
+trainer image, and kubectl reads of the job, its pods and their logs. Every job runs in the e2e
+namespace, where the chart gave workers the trainers' ServiceAccount (progress annotation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from ebbflow_api.builders import JobBuilder
+from ebbflow_api.waiting import wait_for
+from ebbflow_operator.devcluster import trainer_logs
+from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, TRAINER_IMAGE, Kind, KindError
+
+JOB_DEADLINE_S = 420
+# Device time simulated per virtual node, so that a run lasts long enough to disturb (the CPU computes
+# a digits step in milliseconds).
+SCRIPT = "/opt/ebbflow/examples/digits/train.py"
+
+
+def digits_job(
+    name: str,
+    lo: int,
+    hi: int,
+    steps: int,
+    vnode_seconds: float,
+    *,
+    gpus: int = 1,
+    virtual_nodes: int = 4,
+    node: str | None = None,
+    priority: int | None = None,
+) -> dict[str, Any]:
+    """The digits example, B = 64 per virtual node, with progress reported every second."""
+    builder = JobBuilder(name, E2E_NAMESPACE).replicas(lo, hi).gpus(gpus)
+    builder = builder.set(virtualNodes=virtual_nodes, globalBatchSize=64 * virtual_nodes)
+    if node is not None:
+        builder = builder.node_selector({"kubernetes.io/hostname": node})
+    if priority is not None:
+        builder = builder.priority(priority)
+    job = builder.obj()
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    container["image"], container["imagePullPolicy"] = TRAINER_IMAGE, "IfNotPresent"
+    container["command"] = ["ebbflow-train", "run", SCRIPT, "--steps", str(steps), "--progress-interval", "1"]
+    container["command"] += ["--simulated-vnode-seconds", str(vnode_seconds)]
+    container["volumeMounts"] = [{"name": "checkpoints", "mountPath": "/checkpoints"}]
+    job["spec"]["template"]["spec"]["volumes"] = [{"name": "checkpoints", "emptyDir": {}}]
+    return job
+
+
+def apply(kind: Kind, job: dict[str, Any]) -> None:
+    kind.kubectl("-n", E2E_NAMESPACE, "apply", "-f", "-", input=yaml.safe_dump(job))
+
+
+def status(kind: Kind, name: str) -> dict[str, Any]:
+    job = kind.json("-n", E2E_NAMESPACE, "get", "elastictrainingjob", name)
+    return dict(job.get("status") or {})
+
+
+def describe(kind: Kind) -> str:
+    return kind.kubectl("-n", E2E_NAMESPACE, "get", "pods,elastictrainingjob", "-o", "wide")
+
+
+def wait_phase(kind: Kind, name: str, phase: str, timeout: float = JOB_DEADLINE_S) -> dict[str, Any]:
+    """The job's status once it reaches `phase`; fails at once when it fails instead."""
+
+    def reached() -> dict[str, Any] | None:
+        current = status(kind, name)
+        assert current.get("phase") != "Failed" or phase == "Failed", f"job failed: {describe(kind)}"
+        return current if current.get("phase") == phase else None
+
+    return wait_for(reached, timeout, f"job {name} {phase}")
+
+
+def worker_pods(kind: Kind, name: str) -> list[dict[str, Any]]:
+    pods = kind.json("-n", E2E_NAMESPACE, "get", "pods", "-l", f"ebbflow.dev/job-name={name}")["items"]
+    return [p for p in pods if p["metadata"]["name"].startswith(f"{name}-worker-")]
+
+
+def running_workers(kind: Kind, name: str) -> list[str]:
+    return [p["metadata"]["name"] for p in worker_pods(kind, name) if p["status"]["phase"] == "Running"]
+
+
+def logs(kind: Kind, pod: str) -> str:
+    try:
+        return kind.kubectl("-n", E2E_NAMESPACE, "logs", pod)
+    except KindError:
+        return ""  # not started yet, or gone
+
+
+def resumptions(kind: Kind, pod: str) -> list[trainer_logs.Resumption]:
+    return trainer_logs.resumptions(logs(kind, pod))
+
+
+def exit_codes(pods: list[dict[str, Any]]) -> list[int]:
+    return [p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] for p in pods]
+
+
+def all_training_together(kind: Kind, name: str, size: int) -> bool:
+    """`size` workers running, each of which last joined a world of `size`."""
+    running = running_workers(kind, name)
+    latest = [resumptions(kind, pod) for pod in running]
+    return len(running) == size and all(r and r[-1].world_size == size for r in latest)

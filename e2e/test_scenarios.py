@@ -1,0 +1,162 @@
+"""What users meet on a cluster whose capacity changes, with the operator installed by its chart:
+a node preempted under a job and given back, a higher-priority job taking GPUs from a running one,
+and a bad manifest refused. Each scenario's figures (from the trainers' own logs) are written to
+.cluster/e2e/<scenario>.json for the issue notes and docs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ebbflow_api.waiting import wait_for
+from ebbflow_operator.devcluster import trainer_logs
+from ebbflow_operator.devcluster.demo import target_accuracy
+from ebbflow_operator.devcluster.demo_plan import node_to_take
+from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, REPO, Kind, KindError, environment
+from ebbflow_operator.manifests import rendezvous_name
+
+from . import jobs
+from .jobs import JOB_DEADLINE_S
+
+FIGURES = REPO / ".cluster" / "e2e"
+# Whole-node workers (4 GPUs: 2 devices x 2 replicas) on the three kind workers, 12 virtual nodes.
+WHOLE_NODE = {"gpus": 4, "virtual_nodes": 12}
+
+
+def _record(scenario: str, figures: dict[str, Any]) -> None:
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    (FIGURES / f"{scenario}.json").write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def _step(kind: Kind, name: str) -> int:
+    return int((jobs.status(kind, name).get("progress") or {}).get("step") or 0)
+
+
+def _pod_logs(kind: Kind, name: str) -> list[str]:
+    return [jobs.logs(kind, p["metadata"]["name"]) for p in jobs.worker_pods(kind, name)]
+
+
+def _finish(kind: Kind, name: str) -> tuple[dict[str, Any], tuple[int, str]]:
+    """Wait for Succeeded; the status and rank 0's (step, model digest)."""
+    final = jobs.wait_phase(kind, name, "Succeeded", timeout=2 * JOB_DEADLINE_S)
+    digest = wait_for(lambda: trainer_logs.finished(_pod_logs(kind, name)), 60, f"{name}'s final digest")
+    return final, digest
+
+
+def _grows_after(kind: Kind, name: str, generation: int, size: int) -> bool:
+    worlds = trainer_logs.worlds(_pod_logs(kind, name))
+    return any(w.generation > generation and w.size == size for w in worlds)
+
+
+def test_a_preempted_node_shrinks_the_job_and_its_return_grows_it_bitwise_as_calm(
+    kind: Kind, namespace: str, operator: str
+) -> None:
+    started = time.monotonic()
+    jobs.apply(kind, jobs.digits_job("spot", 1, 3, steps=900, vnode_seconds=0.03, **WHOLE_NODE))
+    wait_for(
+        lambda: jobs.all_training_together(kind, "spot", 3) and _step(kind, "spot") >= 150, 600, "3 at work"
+    )
+    rendezvous = kind.json("-n", E2E_NAMESPACE, "get", "pod", rendezvous_name("spot"))["spec"]["nodeName"]
+    node = node_to_take(jobs.status(kind, "spot")["workerNodes"], rendezvous)
+    trio = max(w.generation for w in trainer_logs.worlds(_pod_logs(kind, "spot")))
+    taken_at = time.monotonic()
+    kind.take_node_away(node)
+
+    shrunk = wait_for(
+        lambda: (s := jobs.status(kind, "spot")).get("desiredReplicas") == 2 and s, 120, "shrunk"
+    )
+    assert shrunk["phase"] == "Running" and shrunk.get("preemptions", 0) >= 1, shrunk
+    assert any(c["type"] == "Preempted" and c["status"] == "True" for c in shrunk["conditions"]), shrunk
+    wait_for(lambda: _grows_after(kind, "spot", trio, 2), JOB_DEADLINE_S, "a world of two training")
+    resumed_at = time.monotonic()
+    pair = next(
+        w for w in trainer_logs.worlds(_pod_logs(kind, "spot")) if w.generation > trio and w.size == 2
+    )
+    assert pair.source == "memory" and pair.steps_lost == 0, pair
+
+    step = _step(kind, "spot")
+    wait_for(lambda: _step(kind, "spot") >= step + 100, JOB_DEADLINE_S, "100 steps on two workers")
+    kind.bring_node_back(node)
+    wait_for(lambda: _grows_after(kind, "spot", pair.generation, 3), JOB_DEADLINE_S, "three again")
+    final, (steps, digest) = _finish(kind, "spot")
+    accuracy = final["progress"]["eval"]["accuracy"]
+    assert steps == 900 and accuracy >= target_accuracy(), final["progress"]
+    disturbed_s = time.monotonic() - started
+
+    calm_started = time.monotonic()
+    jobs.apply(kind, jobs.digits_job("calm", 3, 3, steps=900, vnode_seconds=0.03, **WHOLE_NODE))
+    _, (_, calm_digest) = _finish(kind, "calm")
+    assert digest == calm_digest, "the disturbed run's model differs from the calm run's"
+    _record(
+        "preemption",
+        {
+            "worlds": [vars(w) for w in trainer_logs.worlds(_pod_logs(kind, "spot"))],
+            "node_taken_to_world_of_two_seconds": round(resumed_at - taken_at, 1),
+            "job_seconds": round(disturbed_s, 1),
+            "calm_job_seconds": round(time.monotonic() - calm_started, 1),
+            "accuracy": accuracy,
+        },
+    )
+
+
+def test_a_higher_priority_job_takes_gpus_gracefully_and_gives_them_back(
+    kind: Kind, namespace: str, operator: str
+) -> None:
+    jobs.apply(kind, jobs.digits_job("low", 1, 3, steps=1500, vnode_seconds=0.03, priority=0, **WHOLE_NODE))
+    wait_for(lambda: jobs.all_training_together(kind, "low", 3), 600, "the low-priority job on 3 workers")
+    before = set(jobs.running_workers(kind, "low"))
+    jobs.apply(kind, jobs.digits_job("high", 1, 2, steps=200, vnode_seconds=0.03, priority=10, **WHOLE_NODE))
+    wait_for(
+        lambda: jobs.all_training_together(kind, "high", 2), JOB_DEADLINE_S, "the high-priority job at max"
+    )
+    assert jobs.status(kind, "low")["desiredReplicas"] == 1
+    left = [p for p in jobs.worker_pods(kind, "low") if p["metadata"]["name"] in before]
+    gone = [p for p in left if p["status"]["phase"] == "Succeeded"]
+    assert len(gone) == 2 and jobs.exit_codes(gone) == [0, 0], "the low job's leavers exit 0 (SIGTERM)"
+    jobs.wait_phase(kind, "high", "Succeeded")
+    wait_for(
+        lambda: jobs.all_training_together(kind, "low", 3), JOB_DEADLINE_S, "the low job grown back to 3"
+    )
+    lost = [w.steps_lost for w in trainer_logs.worlds(_pod_logs(kind, "low"))]
+    assert lost and set(lost) == {0}, lost
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        pytest.param(
+            "virtualNodes",
+            5,
+            "spec.globalBatchSize must be a multiple",
+            id="batch-not-a-multiple-of-virtual-nodes",
+        ),
+        pytest.param(
+            "replicas",
+            {"min": 3, "max": 2},
+            "spec.replicas.min must be <= spec.replicas.max",
+            id="min-above-max",
+        ),
+    ],
+)
+def test_a_bad_manifest_is_refused_by_kubectl_apply(
+    kind: Kind, field: str, value: Any, expected: str
+) -> None:
+    job = jobs.digits_job("bad", 1, 3, steps=10, vnode_seconds=0.0)
+    job["spec"][field] = value
+    manifest = Path(FIGURES / f"bad-{field}.yaml")
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps(job))
+    result = subprocess.run(
+        ["kubectl", "apply", "-f", str(manifest)],
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0 and expected in result.stderr, result.stderr
+    with pytest.raises(KindError, match="NotFound"):
+        kind.kubectl("-n", E2E_NAMESPACE, "get", "elastictrainingjob", "bad")

@@ -1,0 +1,230 @@
+"""The kind cluster built on this machine (hack/kind), driven from Python for the e2e tier, the
+demo and the benchmarks: bring it up with the project's images and the fake GPU device plugin,
+install the operator's chart, and take worker nodes away and back the way a cloud does.
+
+Everything goes through the same command-line tools a user runs (`kubectl`, `kind`, `helm`, the
+scripts under hack/), with the tools from .tools/bin and hack/kind/bin's docker shim on PATH.
+A failing command raises `KindError` with its stderr; nothing here retries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from ebbflow_api.contract import API_GROUP
+from ebbflow_api.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[3]
+TOOLS = REPO / ".tools" / "bin"
+KUBECONFIG = REPO / ".cluster" / "kind-kubeconfig"
+CLUSTER = "ebbflow"
+WORKERS = (f"{CLUSTER}-worker", f"{CLUSTER}-worker2", f"{CLUSTER}-worker3")
+TRAINER_IMAGE = "ebbflow/trainer:dev-cpu"
+OPERATOR_IMAGE = "ebbflow/operator:dev"
+GPUS_PER_WORKER_NODE = 4  # the plugin's default: 2 physical devices x 2 time-slicing replicas
+RELEASE, RELEASE_NAMESPACE = "ebbflow", "ebbflow-system"
+OPERATOR_DEPLOYMENT = RELEASE  # the chart's fullname for a release named like the chart
+# Where the demo and the e2e tier run jobs: the chart gives their workers the trainers'
+# ServiceAccount (progress annotation) there. One installation serves both.
+DEMO_NAMESPACE, E2E_NAMESPACE = "ebbflow-demo", "ebbflow-e2e"
+CHART_VALUES = (f"trainer.rbac.namespaces={{{DEMO_NAMESPACE},{E2E_NAMESPACE}}}", "operator.resyncInterval=5")
+# A node taken away carries this NoExecute taint until its Node object is deleted.
+TAKEN_AWAY_TAINT = "ebbflow.dev/taken-away"
+PROMETHEUS_NAMESPACE = "monitoring"  # hack/prometheus/prometheus.yaml
+SETUP_TIMEOUT_S = 3600
+
+
+class KindError(RuntimeError):
+    """A command against the kind cluster failed; the message carries its stderr."""
+
+
+def environment() -> dict[str, str]:
+    """PATH with the project's tools and the docker shim; the kind kubeconfig; the CPU trainer only."""
+    path = f"{REPO / 'hack' / 'kind' / 'bin'}:{TOOLS}:{os.environ['PATH']}"
+    # The kind nodes run the CPU trainer image; the CUDA one (1.7 GB more) is not built for them.
+    variants = os.environ.get("TRAINER_VARIANTS", "cpu")
+    return {**os.environ, "PATH": path, "KUBECONFIG": str(KUBECONFIG), "TRAINER_VARIANTS": variants}
+
+
+def run(*command: str, input: str | None = None, timeout: float = SETUP_TIMEOUT_S) -> str:
+    """Run a command in the repository with `environment()`; its stdout, or KindError."""
+    try:
+        result = subprocess.run(
+            command, env=environment(), input=input, capture_output=True, text=True, timeout=timeout, cwd=REPO
+        )
+    except subprocess.TimeoutExpired as error:
+        raise KindError(f"{' '.join(command)} did not finish within {timeout:.0f} s") from error
+    if result.returncode != 0:
+        raise KindError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+@dataclass
+class Kind:
+    """kubectl, helm and docker against the kind cluster."""
+
+    log: list[str] = field(default_factory=list)
+
+    def kubectl(self, *args: str, input: str | None = None, timeout: float = 120) -> str:
+        return run("kubectl", *args, input=input, timeout=timeout)
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json"))
+
+    def node_names(self) -> set[str]:
+        return {n["metadata"]["name"] for n in self.json("get", "nodes")["items"]}
+
+    def query(self, expression: str) -> list[dict[str, Any]]:
+        """A PromQL instant query against the cluster's Prometheus (through the API server's service
+        proxy, no port-forward); the result vector."""
+        path = f"/api/v1/namespaces/{PROMETHEUS_NAMESPACE}/services/prometheus:9090/proxy/api/v1/query"
+        answer = json.loads(self.kubectl("get", "--raw", f"{path}?{urlencode({'query': expression})}"))
+        if answer.get("status") != "success":
+            raise KindError(f"Prometheus refused {expression!r}: {answer}")
+        return list(answer["data"]["result"])
+
+    def ensure_namespace(self, name: str) -> None:
+        manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        self.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+    def gpus_advertised(self, nodes: tuple[str, ...] = WORKERS) -> bool:
+        """Every one of `nodes` is Ready with the device plugin's full nvidia.com/gpu capacity."""
+        found = {n["metadata"]["name"]: n for n in self.json("get", "nodes")["items"]}
+        return all(
+            name in found
+            and _ready(found[name])
+            and found[name]["status"].get("allocatable", {}).get("nvidia.com/gpu")
+            == str(GPUS_PER_WORKER_NODE)
+            for name in nodes
+        )
+
+    def take_node_away(self, node: str, timeout: float = 180) -> None:
+        """What a spot preemption does: the node's pods are evicted (SIGTERM, their grace period),
+        then the Node goes. A NoExecute taint evicts them; the Node is deleted once no pod that
+        the taint evicts is left on it (DaemonSet pods tolerating everything stay until then)."""
+        self.kubectl("taint", "node", node, f"{TAKEN_AWAY_TAINT}=true:NoExecute", "--overwrite")
+
+        def evicted() -> bool:
+            pods = self.json("get", "pods", "-A", "--field-selector", f"spec.nodeName={node}")["items"]
+            return not any(_evicted_by_taint(p) for p in pods)
+
+        wait_for(evicted, timeout, f"the pods on {node} to leave")
+        self.kubectl("delete", "node", node, "--wait=true", timeout=timeout)
+
+    def bring_node_back(self, node: str, timeout: float = 300) -> None:
+        """A node joins again: the same container's kubelet registers a new Node, with fresh pod
+        networking (a new node may get another pod CIDR, so the old bridge and addresses go)."""
+        reset = (
+            "systemctl stop kubelet; ip link delete cni0 2>/dev/null; ip link delete flannel.1 2>/dev/null;"
+            " rm -rf /var/lib/cni/networks/* /run/flannel/subnet.env; systemctl start kubelet"
+        )
+        run("docker", "exec", node, "sh", "-c", reset, timeout=120)
+        wait_for(lambda: self.gpus_advertised((node,)), timeout, f"{node} Ready with its GPUs again")
+
+
+def _ready(node: dict[str, Any]) -> bool:
+    conditions = node.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _evicted_by_taint(pod: dict[str, Any]) -> bool:
+    """Whether the taken-away taint evicts this pod (it tolerates no such NoExecute taint)."""
+    tolerations = pod["spec"].get("tolerations", [])
+    return not any(
+        t.get("operator") == "Exists"
+        and t.get("key") in (None, "", TAKEN_AWAY_TAINT)
+        and t.get("effect") in (None, "", "NoExecute")
+        for t in tolerations
+    )
+
+
+def load_image(image: str, nodes: tuple[str, ...] = ()) -> None:
+    """Into the nodes' containerd (default: every node), keeping only the unpacked copy
+    (hack/kind/load-image.sh)."""
+    run("bash", "hack/kind/load-image.sh", image, *([",".join(nodes)] if nodes else []))
+
+
+def set_up(kind: Kind) -> None:
+    """Cluster, images, device plugin, the demo's and e2e's namespaces, and the operator by `helm
+    install` (CHART_VALUES); each step is cached or idempotent: a second call on a running cluster
+    takes seconds."""
+    run("bash", "hack/kind/up.sh")
+    for namespace in (DEMO_NAMESPACE, E2E_NAMESPACE):
+        kind.ensure_namespace(namespace)
+    run("bash", "hack/images/build-images.sh")
+    load_image(TRAINER_IMAGE, WORKERS)
+    plugin = run("bash", "hack/fake-gpu-plugin/build-image.sh").strip().splitlines()[-1]
+    load_image(plugin)
+    manifest = (REPO / "hack" / "fake-gpu-plugin" / "deploy.yaml").read_text()
+    kind.kubectl("apply", "-f", "-", input=manifest.replace("ebbflow/fake-gpu-plugin:latest", plugin))
+    install_chart(kind, CHART_VALUES)
+    install_prometheus(kind)
+    wait_for(kind.gpus_advertised, 180, "the device plugin's nvidia.com/gpu on every worker")
+
+
+def install_prometheus(kind: Kind) -> None:
+    """Prometheus (built from the Go module proxy, hack/prometheus) scraping the operator and the
+    trainers as the chart's ServiceMonitor and PodMonitor would; queried through the API server."""
+    run("bash", "hack/build-tools.sh", "prometheus")
+    image = run("bash", "hack/prometheus/build-image.sh").strip().splitlines()[-1]
+    load_image(image, WORKERS)
+    manifest = (REPO / "hack" / "prometheus" / "prometheus.yaml").read_text()
+    kind.kubectl("apply", "-f", "-", input=manifest.replace("ebbflow/prometheus:dev", image))
+    kind.kubectl(
+        "-n",
+        PROMETHEUS_NAMESPACE,
+        "rollout",
+        "status",
+        "deployment/prometheus",
+        "--timeout=300s",
+        timeout=320,
+    )
+
+
+def versioned_tag(image: str) -> str:
+    """The content-hashed tag that `image` (a :dev tag) also carries, e.g. ebbflow/operator:3f2a...:
+    a Deployment given it rolls out when the image changes, which a reused :dev tag would not."""
+    repository = image.rpartition(":")[0]
+    tags = run("docker", "image", "inspect", image, "--format", '{{join .RepoTags " "}}').split()
+    versioned = sorted(t for t in tags if t.startswith(f"{repository}:") and t != image)
+    return versioned[0] if versioned else image
+
+
+def install_chart(kind: Kind, values: tuple[str, ...] = ()) -> None:
+    """`helm upgrade --install` of charts/ebbflow with the operator image loaded into the workers;
+    returns once the operator's Deployment is Ready. `values` are extra `--set` assignments."""
+    _adopt_crd(kind)
+    image = versioned_tag(OPERATOR_IMAGE)
+    load_image(image, WORKERS)
+    repository, _, tag = image.rpartition(":")
+    command = ["helm", "upgrade", "--install", RELEASE, str(REPO / "charts" / "ebbflow")]
+    command += ["--namespace", RELEASE_NAMESPACE, "--create-namespace", "--wait", "--timeout", "300s"]
+    command += ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}"]
+    for value in values:
+        command += ["--set", value]
+    run(*command, timeout=420)
+
+
+def _adopt_crd(kind: Kind) -> None:
+    """A CRD applied by kubectl (crds/, by hand or by an older setup) becomes the release's, as Helm
+    documents for adopting existing objects; otherwise `helm install` refuses to touch it."""
+    crds = kind.json("get", "customresourcedefinitions", "-l", "!app.kubernetes.io/managed-by")["items"]
+    for crd in crds:
+        if crd["spec"]["group"] != API_GROUP:
+            continue
+        name = crd["metadata"]["name"]
+        kind.kubectl("label", "crd", name, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+        kind.kubectl(
+            "annotate",
+            "crd",
+            name,
+            f"meta.helm.sh/release-name={RELEASE}",
+            f"meta.helm.sh/release-namespace={RELEASE_NAMESPACE}",
+            "--overwrite",
+        )

@@ -1,0 +1,52 @@
+"""Reading the trainers' world lines back: the formats the trainer logs (rendered here from its own
+format strings) are what `devcluster.trainer_logs` parses."""
+
+from __future__ import annotations
+
+import pytest
+from ebbflow_operator.devcluster.trainer_logs import Resumption, World, finished, resumptions, worlds
+from ebbflow_trainer.worker import FINISHED_LOG, RESUMED_LOG, RESUMES_LOG
+
+
+def resumes(generation: int, rank: int, size: int, step: int, source: str, lost: int | None) -> str:
+    return RESUMES_LOG % (
+        generation,
+        rank,
+        size,
+        step,
+        source,
+        f", {lost} step(s) lost" if lost is not None else "",
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        pytest.param(resumes(1, 0, 2, 0, "fresh", 0), Resumption(1, 0, 2, 0, "fresh", 0), id="rank0-fresh"),
+        pytest.param(
+            resumes(4, 1, 3, 812, "peer", None), Resumption(4, 1, 3, 812, "peer", None), id="rank1-peer"
+        ),
+        pytest.param(
+            resumes(12, 0, 1, 90, "memory", 3), Resumption(12, 0, 1, 90, "memory", 3), id="lost-steps"
+        ),
+    ],
+)
+def test_a_resume_line_is_read_back(line: str, expected: Resumption) -> None:
+    assert resumptions(f"2026-11-22 INFO ebbflow_trainer.worker: {line}\nother text\n") == [expected]
+
+
+def test_worlds_come_from_rank_zero_across_overlapping_logs_with_their_pauses() -> None:
+    first = "\n".join([resumes(1, 0, 3, 0, "fresh", 0), resumes(2, 1, 2, 40, "memory", None)])
+    second = "\n".join(
+        [resumes(1, 1, 3, 0, "fresh", None), resumes(2, 0, 2, 40, "memory", 0), RESUMED_LOG % (2, 1.234)]
+    )
+    assert worlds([first, second, second]) == [
+        World(1, 3, 0, "fresh", 0, None),
+        World(2, 2, 40, "memory", 0, 1.23),
+    ]
+
+
+def test_the_final_digest_is_read_from_whichever_log_has_it() -> None:
+    digest = "ab" * 32
+    assert finished(["no end here", f"INFO {FINISHED_LOG % (900, digest)}"]) == (900, digest)
+    assert finished(["still training"]) is None
