@@ -49,7 +49,7 @@ class Snapshot:
     def of(cls, job: Mapping[str, Any], at: float) -> Snapshot:
         status = job.get("status") or {}
         progress = status.get("progress") or {}
-        evaluation = progress.get("eval") or {}
+        evaluation = (progress.get("eval") or {}).get("metrics") or {}
         return cls(
             at=at,
             phase=str(status.get("phase") or "Pending"),
