@@ -186,7 +186,7 @@ class Demo:
 def summary(demo: Demo, last: Snapshot, total_s: float) -> list[str]:
     """The closing lines: outcome, the worlds as the trainers saw them, the final accuracy."""
     lines = [f"{demo.name}: {last.phase} after {last.at:.0f} s (demo {total_s:.0f} s in all)"]
-    lines.append("worlds the trainers formed (rank 0's account):")
+    lines.append("worlds the trainers formed (rank 0's account; a pod on the lost node took its log along):")
     for world in demo.worlds():
         pause = f", first step {world.pause_seconds:.2f} s after the last one" if world.pause_seconds else ""
         lines.append(
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     report.event(
         "setting up: kind cluster, images, fake GPU device plugin, operator by helm (cached after once)"
     )
-    set_up(kind)
+    set_up(kind, say=report.event)
     report.event(
         f"ready in {time.monotonic() - begun:.0f} s; the operator runs in namespace {RELEASE_NAMESPACE}"
     )

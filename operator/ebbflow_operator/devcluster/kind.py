@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,22 +152,35 @@ def load_image(image: str, nodes: tuple[str, ...] = ()) -> None:
     run("bash", "hack/kind/load-image.sh", image, *([",".join(nodes)] if nodes else []))
 
 
-def set_up(kind: Kind) -> None:
-    """Cluster, images, device plugin, the demo's and e2e's namespaces, and the operator by `helm
-    install` (CHART_VALUES); each step is cached or idempotent: a second call on a running cluster
-    takes seconds."""
+def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None) -> None:
+    """Cluster, images, device plugin, the demo's and e2e's namespaces, the operator by `helm
+    install` (CHART_VALUES) and Prometheus; each step is cached or idempotent: a second call on a
+    running cluster takes seconds. `say` hears each step as it ends, with its duration."""
+    started = time.monotonic()
+
+    def done(step: str) -> None:
+        nonlocal started
+        say(f"  {step}: {time.monotonic() - started:.0f} s")
+        started = time.monotonic()
+
     run("bash", "hack/kind/up.sh")
     for namespace in (DEMO_NAMESPACE, E2E_NAMESPACE):
         kind.ensure_namespace(namespace)
+    done("kind cluster (hack/kind/up.sh)")
     run("bash", "hack/images/build-images.sh")
+    done("images (hack/images/build-images.sh)")
     load_image(TRAINER_IMAGE, WORKERS)
+    done(f"{TRAINER_IMAGE} in the worker nodes")
     plugin = run("bash", "hack/fake-gpu-plugin/build-image.sh").strip().splitlines()[-1]
     load_image(plugin)
     manifest = (REPO / "hack" / "fake-gpu-plugin" / "deploy.yaml").read_text()
     kind.kubectl("apply", "-f", "-", input=manifest.replace("ebbflow/fake-gpu-plugin:latest", plugin))
+    done("fake GPU device plugin")
     install_chart(kind, CHART_VALUES)
+    done("operator (helm upgrade --install charts/ebbflow)")
     install_prometheus(kind)
     wait_for(kind.gpus_advertised, 180, "the device plugin's nvidia.com/gpu on every worker")
+    done("Prometheus; nvidia.com/gpu advertised")
 
 
 def install_prometheus(kind: Kind) -> None:
