@@ -112,11 +112,13 @@ class Job:
     def checkpoint_dir(self) -> Path:
         return self.root / "checkpoints"
 
-    def start_rendezvous(self) -> None:
+    def start_rendezvous(self, port: int = 0) -> None:
+        """Start the store process (``port`` 0: a free port) and wait until it serves."""
         port_file = self.root / "rdzv.port"
-        log = open(self.root / "rdzv.log", "wb")  # noqa: SIM115 - closed with the process
+        port_file.unlink(missing_ok=True)
+        log = open(self.root / "rdzv.log", "ab")  # noqa: SIM115 - closed with the process
         command = [sys.executable, "-m", "ebbflow_trainer", "rendezvous", "--host", "127.0.0.1"]
-        command += [contract.RENDEZVOUS_PORT_FLAG, "0", "--port-file", str(port_file)]
+        command += [contract.RENDEZVOUS_PORT_FLAG, str(port), "--port-file", str(port_file)]
         self.rdzv = subprocess.Popen(
             command,
             stdout=log,
@@ -129,6 +131,19 @@ class Job:
             return port_file.read_text() if port_file.exists() else ""
 
         self.port = int(wait_for(serving, 60, "the rendezvous store"))
+
+    def kill_rendezvous(self) -> None:
+        """What losing the rendezvous pod's node does to the store: its process dies (SIGKILL) and
+        everything it held is gone."""
+        assert self.rdzv is not None
+        self.rdzv.kill()
+        self.rdzv.wait(timeout=30)
+
+    def restart_rendezvous(self) -> None:
+        """What the operator's replacement pod behind the same Service gives: a new, empty store at
+        the same address."""
+        assert self.rdzv is not None and self.rdzv.poll() is not None, "kill the store first"
+        self.start_rendezvous(port=self.port)
 
     def environment(self, **overrides: str) -> dict[str, str]:
         env = dict(os.environ)

@@ -63,6 +63,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--node-addr", default="", help="address other nodes know this node by (default: hostname)"
     )
+    _add_timeouts(run)
+    run.add_argument("--monitor-interval", type=float, default=0.2)
+    run.add_argument("--dead-band", type=float, default=0.2, help="dynamic batching: smallest change applied")
+    run.add_argument("--progress-interval", type=float, default=5.0, dest="progress_interval_seconds")
+    run.add_argument(
+        "--simulated-vnode-seconds", type=float, default=0.0, help="model device time (CPU tests)"
+    )
+    run.add_argument("--slowdown", type=float, default=1.0, help="model a slower device (tests, benchmarks)")
+    return parser
+
+
+def _add_timeouts(run: argparse.ArgumentParser) -> None:
+    """``run``'s rendezvous, store and collective timeouts."""
     run.add_argument(
         "--join-timeout",
         type=float,
@@ -82,15 +95,14 @@ def _parser() -> argparse.ArgumentParser:
         help="missed heartbeats before a node is dead",
     )
     run.add_argument("--store-timeout", type=float, default=60.0)
-    run.add_argument("--collective-timeout", type=float, default=60.0)
-    run.add_argument("--monitor-interval", type=float, default=0.2)
-    run.add_argument("--dead-band", type=float, default=0.2, help="dynamic batching: smallest change applied")
-    run.add_argument("--progress-interval", type=float, default=5.0, dest="progress_interval_seconds")
     run.add_argument(
-        "--simulated-vnode-seconds", type=float, default=0.0, help="model device time (CPU tests)"
+        "--store-loss-timeout",
+        type=float,
+        default=300.0,
+        help="how long to wait for a new rendezvous store at the same address after losing it (s); "
+        "the world trains on meanwhile and re-forms once it answers",
     )
-    run.add_argument("--slowdown", type=float, default=1.0, help="model a slower device (tests, benchmarks)")
-    return parser
+    run.add_argument("--collective-timeout", type=float, default=60.0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,6 +92,8 @@ class TrainerConfig:
     keep_alive_interval: float = 1.0
     keep_alive_max_attempt: int = 3
     store_timeout: float = 60.0
+    # How long a launcher waits for a new rendezvous store after losing it (see .rendezvous).
+    store_loss_timeout: float = 300.0
     collective_timeout: float = 60.0
     monitor_interval: float = 0.2
     max_restarts: int = 1_000_000
@@ -226,7 +228,8 @@ def validate(config: TrainerConfig) -> None:
         raise ConfigError(f"--base-batch-size={config.base_batch_size} must be positive.")
     if not 0 < config.dead_band < 1:
         raise ConfigError(f"--dead-band={config.dead_band} must lie strictly between 0 and 1.")
-    for name in ("last_call_timeout", "keep_alive_interval", "collective_timeout", "store_timeout"):
+    timeouts = ("last_call_timeout", "keep_alive_interval", "collective_timeout")
+    for name in (*timeouts, "store_timeout", "store_loss_timeout"):
         value = getattr(config, name)
         if not (value > 0 and math.isfinite(value)):
             raise ConfigError(f"--{name.replace('_', '-')}={value} must be a positive number of seconds.")

@@ -9,6 +9,11 @@ SIGTERM (pod deletion) reaches the agent, which forwards it to the workers; each
 hands its state over and exits 0, and the agent exits 0 once they have left (or none was inside a
 step). A worker exit that no restart can cure (``contract.FATAL_EXIT_REASONS``) becomes the launcher's
 exit code.
+
+The rendezvous store may be lost and replaced (see :mod:`.rendezvous`): the world trains on and
+re-forms once a new store answers. If none answers within ``--store-loss-timeout``, the agent stops
+its workers at a step boundary (state handed over, rank 0 checkpoints) and the launcher exits
+``EXIT_STORE_LOST``, naming the timeout in the log and the termination message.
 """
 
 from __future__ import annotations
@@ -22,6 +27,12 @@ from pathlib import Path
 from ebbflow_api import contract
 
 from ebbflow_trainer.config import TrainerConfig
+from ebbflow_trainer.termination import write_termination_message
+
+# A rendezvous store lost for longer than --store-loss-timeout: a real failure (the operator replaces
+# the pod until maxRestarts), not a preemption.
+EXIT_STORE_LOST = 1
+log = logging.getLogger(__name__)
 
 
 class Markers:
@@ -57,7 +68,7 @@ def run(config: TrainerConfig) -> int:
 
     from ebbflow_trainer.agent import EbbflowAgent, FatalWorkerExit
     from ebbflow_trainer.preload import ENV_PRELOAD_SCRIPT
-    from ebbflow_trainer.rendezvous import GenerationRendezvousHandler
+    from ebbflow_trainer.rendezvous import GenerationRendezvousHandler, StoreLost
     from ebbflow_trainer.worker import run_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -115,8 +126,13 @@ def run(config: TrainerConfig) -> int:
             return contract.EXIT_SUCCESS
         return 128 + int(signalled.sigval)
     except FatalWorkerExit as fatal:
-        logging.getLogger(__name__).error("%s: not restarting", fatal)
+        log.error("%s: not restarting", fatal)
         return fatal.code
+    except StoreLost as lost:
+        why = f"{lost}; the workers stopped at a step boundary with their state handed over"
+        log.error("stopping: %s", why)
+        write_termination_message(config.termination_message_path, why)
+        return EXIT_STORE_LOST
     finally:
         # Before the interpreter exits: see GenerationRendezvousHandler.stop_heartbeats.
         handler.stop_heartbeats()

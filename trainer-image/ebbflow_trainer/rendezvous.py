@@ -5,6 +5,24 @@ a bootstrap store on the rank-0 agent that it caches for the agent's lifetime, s
 survivors keep dialling a dead address. Here the store lives in the rendezvous pod
 (``ebbflow-train rendezvous``) and workers bootstrap every world from it, under a generation number
 that the agents of one rendezvous round agree on.
+
+**Store loss.** The store is one process in one pod; when its node goes, the operator starts a
+replacement behind the same Service, and the new store is empty. A TCPStore client never reconnects,
+and torch's handler raises on the first failed store call, which used to end every launcher with exit
+1 within a second. :class:`GenerationRendezvousHandler` instead takes a failed store call for the
+store's loss: it stops its heartbeats and reports no waiting node, so the running world trains on
+(gloo needs the store only to bootstrap), and it probes the address. Once a store answers there it
+connects afresh (a new client, a new torch handler over the new store's empty state) and reports a
+waiting node: the agent stops its workers at a step boundary (their state handed over in memory) and
+every launcher joins a round of the new store. A launcher that needs a round while the store is away
+waits for it there. A store not back within ``--store-loss-timeout`` of its loss raises
+:class:`StoreLost`.
+
+Invariants: generation numbers only increase over the job's life, whatever store hands them out
+(before joining a round, each node raises the store's counter to the newest generation it ran, and
+the round's rank 0 takes the next number after all members have); nothing the old store held is
+needed to continue (the workers' state is in their own memory); while no store answers, each call
+from the agent costs it at most one probe (``PROBE_TIMEOUT``).
 """
 
 from __future__ import annotations
@@ -12,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -19,9 +38,20 @@ from datetime import timedelta
 from pathlib import Path
 
 # torch re-exports its store classes from a C extension without declaring them public to type checkers.
-from torch.distributed import DistStoreError, PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
+from torch.distributed import (  # type: ignore[attr-defined]
+    DistNetworkError,
+    DistStoreError,
+    PrefixStore,
+    Store,
+    TCPStore,
+)
 from torch.distributed.elastic.rendezvous import RendezvousHandler
-from torch.distributed.elastic.rendezvous.api import RendezvousInfo, RendezvousStoreInfo
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousInfo,
+    RendezvousStoreInfo,
+)
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
@@ -33,6 +63,28 @@ from ebbflow_trainer.config import TrainerConfig
 log = logging.getLogger(__name__)
 _GENERATION_COUNTER = "ebbflow/generation-counter"
 _ROUND_GENERATION = "ebbflow/generation"
+# A store call failing with one of these means the store process is gone (torch wraps the client's
+# DistNetworkError in RendezvousConnectionError); a DistStoreError alone is a key that never came.
+STORE_LOST_ERRORS = (DistNetworkError, RendezvousConnectionError)
+# Seconds a probe of the rendezvous address may take, and between probes while a launcher waits.
+PROBE_TIMEOUT = 1.0
+PROBE_INTERVAL = 0.5
+# Connecting a client once a probe succeeded: the address answers, so this is only the handshake.
+CONNECT_TIMEOUT = 10.0
+
+
+class StoreLost(Exception):
+    """No store answered at the rendezvous address within ``--store-loss-timeout`` of its loss."""
+
+
+def store_answers(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections at the address. A bare connect, closed at once: a
+    TCPStore client would wait out its whole timeout and log a stack trace for every failed attempt."""
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT):
+            return True
+    except OSError:
+        return False
 
 
 def serve(host: str, port: int, port_file: str | None) -> int:
@@ -51,13 +103,18 @@ def serve(host: str, port: int, port_file: str | None) -> int:
     return 0
 
 
-def connect(config: TrainerConfig, timeout: float) -> TCPStore:
-    return TCPStore(
+def connect(config: TrainerConfig, timeout: float, connect_timeout: float | None = None) -> TCPStore:
+    """A client of the job's store; ``connect_timeout`` bounds the connection alone (default
+    ``timeout``), ``timeout`` every call made afterwards."""
+    store = TCPStore(
         config.rdzv_host,
         config.rdzv_port,
         is_master=False,
-        timeout=timedelta(seconds=timeout),
+        timeout=timedelta(seconds=timeout if connect_timeout is None else connect_timeout),
     )
+    if connect_timeout is not None:
+        store.set_timeout(timedelta(seconds=timeout))
+    return store
 
 
 def generation_store(config: TrainerConfig, generation: int) -> Store:
@@ -67,17 +124,34 @@ def generation_store(config: TrainerConfig, generation: int) -> Store:
 
 
 class GenerationRendezvousHandler(RendezvousHandler):
-    """Torch's dynamic c10d rendezvous, plus a job-wide generation number for every completed round."""
+    """Torch's dynamic c10d rendezvous, plus a job-wide generation number for every completed round,
+    surviving the store's loss (see the module's docstring)."""
 
     def __init__(self, config: TrainerConfig):
         # Called with each completed round's generation, before the agent starts that world's workers.
         self.on_generation: Callable[[int], None] = lambda generation: None
-        self._store = connect(config, config.store_timeout)
-        backend = C10dRendezvousBackend(self._store, config.rdzv_id)
-        self._delegate = DynamicRendezvousHandler.from_backend(
+        self._config = config
+        self._bootstrap = RendezvousStoreInfo(master_addr=config.rdzv_host, master_port=config.rdzv_port)
+        self._join_timeout = config.join_timeout
+        self._last_generation = 0  # the newest generation this node ran, whatever store gave it
+        self._store: TCPStore | None = None
+        self._delegate: DynamicRendezvousHandler | None = None
+        # When the store was found gone (None while it answers); a pod may also start before its store.
+        self._lost_since: float | None = time.monotonic()
+        if not self._reconnect():
+            log.warning(
+                "no rendezvous store answers at %s yet; waiting up to %.0f s (--store-loss-timeout)",
+                config.rdzv_endpoint,
+                config.store_loss_timeout,
+            )
+
+    def _new_delegate(self, store: TCPStore) -> DynamicRendezvousHandler:
+        """Torch's handler over ``store``; its backend marks the state key present (a no-op when it is)."""
+        config = self._config
+        delegate: DynamicRendezvousHandler = DynamicRendezvousHandler.from_backend(
             run_id=config.rdzv_id,
-            store=self._store,
-            backend=backend,
+            store=store,
+            backend=C10dRendezvousBackend(store, config.rdzv_id),
             min_nodes=config.min_replicas,
             max_nodes=config.max_replicas,
             local_addr=config.node_addr or None,
@@ -91,9 +165,68 @@ class GenerationRendezvousHandler(RendezvousHandler):
             keep_alive_interval=config.keep_alive_interval,  # type: ignore[arg-type]
             keep_alive_max_attempt=config.keep_alive_max_attempt,
         )
-        self._bootstrap = RendezvousStoreInfo(master_addr=config.rdzv_host, master_port=config.rdzv_port)
-        self._join_timeout = config.join_timeout
+        return delegate
 
+    # --- store loss ------------------------------------------------------------------------------
+    def _store_lost(self, error: Exception) -> None:
+        """The store stopped answering: stop this node's heartbeats and drop the client (it never
+        reconnects); the running world, if any, trains on."""
+        self.stop_heartbeats()
+        self._store, self._delegate = None, None
+        if self._lost_since is None:
+            self._lost_since = time.monotonic()
+            log.warning(
+                "the rendezvous store at %s stopped answering (%s); the world trains on while it can, "
+                "and re-forms once a store answers at that address (waiting up to %.0f s, "
+                "--store-loss-timeout)",
+                self._config.rdzv_endpoint,
+                error,
+                self._config.store_loss_timeout,
+            )
+
+    def _reconnect(self) -> bool:
+        """If a store answers at the address, connect to it afresh; whether this node has a store now."""
+        config = self._config
+        if not store_answers(config.rdzv_host, config.rdzv_port):
+            return False
+        try:
+            store = connect(config, config.store_timeout, connect_timeout=CONNECT_TIMEOUT)
+            delegate = self._new_delegate(store)
+        except (RuntimeError, RendezvousError) as error:  # e.g. it went away again meanwhile
+            log.info("a store answers at %s, but connecting failed (%s)", config.rdzv_endpoint, error)
+            return False
+        if self._lost_since is not None and self._last_generation:
+            log.warning(
+                "a rendezvous store answers at %s again, %.1f s after the loss; re-forming the world",
+                config.rdzv_endpoint,
+                time.monotonic() - self._lost_since,
+            )
+        self._store, self._delegate, self._lost_since = store, delegate, None
+        return True
+
+    def _lost_for_too_long(self) -> StoreLost | None:
+        if self._lost_since is None:
+            return None
+        timeout = self._config.store_loss_timeout
+        if time.monotonic() - self._lost_since < timeout:
+            return None
+        return StoreLost(
+            f"no rendezvous store answered at {self._config.rdzv_endpoint} for {timeout:.0f} s "
+            "(--store-loss-timeout): the rendezvous pod was not replaced in time, or its Service "
+            "does not reach it"
+        )
+
+    def _await_store(self) -> None:
+        """Until a store answers, or raise StoreLost. Not ``wait_for``: it takes any exception from its
+        condition for "not yet", and would swallow the SignalException that a SIGTERM (a pod deletion)
+        raises in this thread while it probes; a plain sleep between probes lets it through."""
+        while self._lost_since is not None and not self._reconnect():
+            too_long = self._lost_for_too_long()
+            if too_long is not None:
+                raise too_long
+            time.sleep(PROBE_INTERVAL)
+
+    # --- rounds ----------------------------------------------------------------------------------
     def next_rendezvous(self) -> RendezvousInfo:
         """Join the next round; if its rank 0 dies before publishing the round's keys, join another.
 
@@ -101,37 +234,72 @@ class GenerationRendezvousHandler(RendezvousHandler):
         generation number, and the others wait for them. A rank 0 killed in that instant (preemption,
         a peer's SIGKILL) would make every other agent crash with a store timeout and its pod exit 1,
         a failure the operator counts; instead they leave that round and join the next, which forms
-        without the dead node once its heartbeats expire, as after any failed world.
+        without the dead node once its heartbeats expire, as after any failed world. A store lost
+        before or during the round: wait for a new one at the same address and join a round there.
         """
         deadline = time.monotonic() + self._join_timeout
         while True:
+            self._await_store()
             try:
                 return self._join_round()
+            except STORE_LOST_ERRORS as error:
+                self._store_lost(error)
             except DistStoreError as error:
                 if time.monotonic() >= deadline:
                     raise
                 log.warning("the round's rank 0 never published its keys (%s); joining the next round", error)
 
     def _join_round(self) -> RendezvousInfo:
-        info = self._delegate.next_rendezvous()
+        store, delegate = self._store, self._delegate
+        assert store is not None and delegate is not None, "joined a round without a store"
+        self._raise_generation_floor(store)
+        info = delegate.next_rendezvous()
         round_store = info.store
         if info.rank == 0:
-            generation = self._store.add(_GENERATION_COUNTER, 1)
+            generation = store.add(_GENERATION_COUNTER, 1)
             round_store.set(_ROUND_GENERATION, str(generation))
-        self.on_generation(int(round_store.get(_ROUND_GENERATION).decode()))
+        self._last_generation = int(round_store.get(_ROUND_GENERATION).decode())
+        self.on_generation(self._last_generation)
         return RendezvousInfo(round_store, info.rank, info.world_size, self._bootstrap)
+
+    def _raise_generation_floor(self, store: TCPStore) -> None:
+        """A new store counts generations from zero: lift its counter to the newest generation this node
+        ran. Every member does so before joining, hence before the round's rank 0 takes the next number."""
+        current = int(store.add(_GENERATION_COUNTER, 0))
+        while current < self._last_generation:
+            swapped = store.compare_set(_GENERATION_COUNTER, str(current), str(self._last_generation))
+            current = int(swapped)
+
+    def num_nodes_waiting(self) -> int:
+        """Nodes waiting to join, which makes the agent re-form its world at a step boundary. While the
+        store is lost: 0, so the world trains on; once a new store answers: 1, so every member re-forms
+        there. Raises StoreLost when none answered within ``--store-loss-timeout``."""
+        if self._delegate is not None:
+            try:
+                return int(self._delegate.num_nodes_waiting())
+            except STORE_LOST_ERRORS as error:
+                self._store_lost(error)
+        if self._reconnect():
+            return 1
+        too_long = self._lost_for_too_long()
+        if too_long is not None:
+            raise too_long
+        return 0
 
     def leave(self) -> None:
         """Drop this node from the rendezvous now, so the others need not wait for its heartbeats to expire.
 
         Torch has no public call for this (``shutdown`` closes the rendezvous for everyone), so this
         uses the handler's own exit operation; if torch's internals change it only logs, and the others
-        notice the departure after ``keep_alive_interval * keep_alive_max_attempt`` as before.
+        notice the departure after ``keep_alive_interval * keep_alive_max_attempt`` as before. With the
+        store lost there is no rendezvous to leave.
         """
+        self.stop_heartbeats()
+        if self._delegate is None:
+            return
         try:
             from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-            self.stop_heartbeats()
             exit_op = dynamic_rendezvous._RendezvousExitOp()
             self._delegate._op_executor.run(exit_op, time.monotonic() + 10)
         except Exception as error:  # best effort by design, see the docstring
@@ -144,28 +312,28 @@ class GenerationRendezvousHandler(RendezvousHandler):
         heartbeat is a store call made with the GIL released; if the interpreter finalizes meanwhile,
         the thread is torn down by ``pthread_exit`` on its way back into Python, the forced unwind hits
         pybind11's ``noexcept`` GIL guard, and ``std::terminate`` aborts the process (exit 134,
-        "terminate called without an active exception") after a run that succeeded.
+        "terminate called without an active exception") after a run that succeeded. A handler dropped
+        at a store's loss had its heartbeats stopped then.
         """
-        self._delegate._stop_heartbeats()
+        if self._delegate is not None:
+            self._delegate._stop_heartbeats()
 
     def get_backend(self) -> str:
-        return str(self._delegate.get_backend())
+        return "c10d"
 
     @property
     def use_agent_store(self) -> bool:
         return False
 
     def is_closed(self) -> bool:
-        return bool(self._delegate.is_closed())
+        return self._delegate is not None and bool(self._delegate.is_closed())
 
     def set_closed(self) -> None:
-        self._delegate.set_closed()
-
-    def num_nodes_waiting(self) -> int:
-        return int(self._delegate.num_nodes_waiting())
+        if self._delegate is not None:
+            self._delegate.set_closed()
 
     def get_run_id(self) -> str:
-        return str(self._delegate.get_run_id())
+        return self._config.rdzv_id
 
     def shutdown(self) -> bool:
-        return bool(self._delegate.shutdown())
+        return self._delegate is not None and bool(self._delegate.shutdown())

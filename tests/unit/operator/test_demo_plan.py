@@ -98,7 +98,12 @@ def test_a_snapshot_reads_the_job_status() -> None:
             "readyReplicas": 1,
             "preemptions": 1,
             "workerNodes": {"d-worker-0": "n1"},
-            "progress": {"step": 42, "loss": 0.25, "samplesPerSecond": 512.0, "eval": {"step": 40, "metrics": {"accuracy": 0.97}}},
+            "progress": {
+                "step": 42,
+                "loss": 0.25,
+                "samplesPerSecond": 512.0,
+                "eval": {"step": 40, "metrics": {"accuracy": 0.97}},
+            },
         }
     }
     assert Snapshot.of(job, at=3.0) == Snapshot(

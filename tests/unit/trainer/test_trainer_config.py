@@ -91,6 +91,16 @@ def test_the_row_table_limit_is_a_byte_count() -> None:
         from_environment(VALID, spec="train.py", state_dir="/tmp/x", row_table_limit=-1)
 
 
+@pytest.mark.parametrize(
+    "value", [0.0, -1.0, float("inf"), float("nan")], ids=["zero", "negative", "inf", "nan"]
+)
+@pytest.mark.parametrize("name", ["store_timeout", "store_loss_timeout", "collective_timeout"])
+def test_a_timeout_must_be_a_positive_number_of_seconds(name: str, value: float) -> None:
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"{flag}=.* must be a positive number of seconds"):
+        from_environment(VALID, spec="train.py", state_dir="/tmp/x", **{name: value})
+
+
 def test_an_unwritable_checkpoint_path_fails_before_joining(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
