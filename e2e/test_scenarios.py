@@ -103,6 +103,55 @@ def test_a_preempted_node_shrinks_the_job_and_its_return_grows_it_bitwise_as_cal
     )
 
 
+def _rendezvous_pod(kind: Kind, name: str) -> dict[str, Any]:
+    return dict(kind.json("-n", E2E_NAMESPACE, "get", "pod", rendezvous_name(name)))
+
+
+def test_the_job_keeps_training_when_its_rendezvous_node_is_lost(
+    kind: Kind, namespace: str, operator: str
+) -> None:
+    jobs.apply(kind, jobs.digits_job("store", 1, 3, steps=900, vnode_seconds=0.03, **WHOLE_NODE))
+    wait_for(
+        lambda: jobs.all_training_together(kind, "store", 3) and _step(kind, "store") >= 150, 600, "3 at work"
+    )
+    store = _rendezvous_pod(kind, "store")
+    node = store["spec"]["nodeName"]
+    trio = max(w.generation for w in trainer_logs.worlds(_pod_logs(kind, "store")))
+    taken_at = time.monotonic()
+    kind.take_node_away(node)
+    try:
+        # The operator puts a new store behind the same Service; the trainers re-join it (it starts
+        # empty) and resume from memory.
+        replaced = wait_for(
+            lambda: (
+                (p := _rendezvous_pod(kind, "store"))["metadata"]["uid"] != store["metadata"]["uid"]
+                and p["status"].get("phase") == "Running"
+            ),
+            JOB_DEADLINE_S,
+            "a new rendezvous pod",
+        )
+        assert replaced
+        wait_for(
+            lambda: _grows_after(kind, "store", trio, 2), JOB_DEADLINE_S, "a world of two on the new store"
+        )
+        resumed_at = time.monotonic()
+        pair = next(
+            w for w in trainer_logs.worlds(_pod_logs(kind, "store")) if w.generation > trio and w.size == 2
+        )
+        assert pair.source == "memory", pair
+        final, (steps, _) = _finish(kind, "store")
+        assert steps == 900 and final["progress"]["eval"]["metrics"]["accuracy"] >= target_accuracy()
+    finally:
+        kind.bring_node_back(node)  # the next scenario needs every node
+    _record(
+        "rendezvous_node_lost",
+        {
+            "worlds": [vars(w) for w in trainer_logs.worlds(_pod_logs(kind, "store"))],
+            "node_taken_to_world_of_two_seconds": round(resumed_at - taken_at, 1),
+        },
+    )
+
+
 def test_a_higher_priority_job_takes_gpus_gracefully_and_gives_them_back(
     kind: Kind, namespace: str, operator: str
 ) -> None:
