@@ -63,6 +63,22 @@ def _generations(nodes: list[Node]) -> list[dict[str, Any]]:
     return [g for n in nodes for g in n.events("generation")]
 
 
+def _assert_resumed_where_the_old_world_stopped(
+    nodes: list[Node], before: list[dict[str, Any]], after: list[dict[str, Any]], size: int
+) -> None:
+    """The first world on the new store: a generation past every earlier one (the new store's
+    counter started at zero; the launchers lifted it past what they ran), `size` workers, resumed
+    from memory at the step where the old world stopped (a step boundary: no step lost)."""
+    first_after = min(g["generation"] for g in after)
+    assert first_after > max(g["generation"] for g in before)
+    resumed = [g for g in after if g["generation"] == first_after]
+    assert {g["world"] for g in resumed} == {size}
+    sources = {g["source"] for g in resumed}
+    assert "memory" in sources and sources <= {"memory", "peer"}, sources
+    old_steps = [r["step"] for n in nodes for r in n.events("step") if r["generation"] < first_after]
+    assert {g["step"] for g in resumed} == {max(old_steps)}
+
+
 def test_a_new_store_at_the_same_address_lets_the_world_re_form_from_memory(
     tmp_path: Path, calm_reference: dict[str, Any]
 ) -> None:
@@ -75,16 +91,7 @@ def test_a_new_store_at_the_same_address_lets_the_world_re_form_from_memory(
         before = [g for g in _generations(nodes) if g["time"] < lost_at]
         after = [g for g in _generations(nodes) if g["time"] >= lost_at]
         assert after, f"the world never re-formed on the new store\n{job.logs()}"
-        # The new store's counter started at zero; the launchers lifted it past what they ran.
-        first_after = min(g["generation"] for g in after)
-        assert first_after > max(g["generation"] for g in before)
-        resumed = [g for g in after if g["generation"] == first_after]
-        assert {g["world"] for g in resumed} == {2}
-        sources = {g["source"] for g in resumed}
-        assert "memory" in sources and sources <= {"memory", "peer"}, sources
-        # The old world stopped at a step boundary and the new one starts exactly there: no step lost.
-        old_steps = [r["step"] for n in nodes for r in n.events("step") if r["generation"] < first_after]
-        assert {g["step"] for g in resumed} == {max(old_steps)}
+        _assert_resumed_where_the_old_world_stopped(nodes, before, after, size=2)
         assert max(r["step"] for n in nodes for r in n.events("step")) == 200
         final = job.final_checkpoint()
     assert_bitwise_equal(final, calm_reference)
@@ -122,15 +129,8 @@ def test_a_world_broken_while_the_store_is_away_waits_for_the_new_store_and_resu
         before = [g for g in _generations(survivors) if g["time"] < lost_at]
         after = [g for g in _generations(survivors) if g["time"] >= restarted_at]
         assert [g for g in _generations(survivors) if lost_at <= g["time"] < restarted_at] == []
-        first_after = min(g["generation"] for g in after)
-        assert first_after > max(g["generation"] for g in before)
-        resumed = [g for g in after if g["generation"] == first_after]
-        assert {g["world"] for g in resumed} == {2}
-        sources = {g["source"] for g in resumed}
-        assert "memory" in sources and sources <= {"memory", "peer"}, sources
         # At most the step the kill interrupted is redone.
-        old_steps = [r["step"] for n in survivors for r in n.events("step") if r["generation"] < first_after]
-        assert {g["step"] for g in resumed} == {max(old_steps)}
+        _assert_resumed_where_the_old_world_stopped(survivors, before, after, size=2)
         final = job.final_checkpoint()
     assert final["step"] == 200
     assert_bitwise_equal(final, calm_reference)
