@@ -28,7 +28,7 @@ $(INSTALL_STAMP): $(PYPROJECTS)
 
 install: $(INSTALL_STAMP) ## Virtualenv in .venv with an editable install and all extras.
 
-tools: ## Build the pinned control-plane tools into .tools/bin (cached per machine; fast when built).
+tools: ## Build the pinned tools (control plane, kubectl, etcd, KWOK, Helm, kind, Prometheus) into .tools/bin (cached per machine).
 	@bash hack/build-tools.sh
 
 cluster-up: install tools ## Start a local control plane with fake GPU nodes; kubeconfig in .cluster/kubeconfig.

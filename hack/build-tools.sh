@@ -170,7 +170,7 @@ build_prometheus() {
   cp -f "$dir/promtool" "$TOOLS_BIN/promtool.tmp" && mv -f "$TOOLS_BIN/promtool.tmp" "$TOOLS_BIN/promtool"
 }
 
-want=${*:-kubernetes etcd kwok helm kind}
+want=${*:-kubernetes etcd kwok helm kind prometheus}
 for tool in $want; do
   case $tool in
     kubernetes) build_kubernetes ;;
