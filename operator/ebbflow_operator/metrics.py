@@ -4,11 +4,24 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from ebbflow_api.models import Phase
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from .model import JobKey
+
+
+@dataclass(frozen=True)
+class JobSample:
+    """One job's per-pass gauges, from the status the pass computed."""
+
+    key: JobKey
+    phase: str
+    desired: int
+    current: int
+    ready: int
+    gpus_per_worker: int
 
 
 class Metrics:
@@ -25,6 +38,18 @@ class Metrics:
         self.current = Gauge(
             "ebbflow_job_current_workers",
             "Worker pods a job has (not leaving).",
+            ["namespace", "job"],
+            registry=r,
+        )
+        self.ready = Gauge(
+            "ebbflow_job_ready_workers",
+            "Worker pods of a job that are running and ready.",
+            ["namespace", "job"],
+            registry=r,
+        )
+        self.allocated_gpus = Gauge(
+            "ebbflow_job_allocated_gpus",
+            "GPUs the allocator gives a job (desired workers x GPUs per worker).",
             ["namespace", "job"],
             registry=r,
         )
@@ -49,18 +74,20 @@ class Metrics:
     def serve(self, port: int, address: str = "0.0.0.0") -> None:
         start_http_server(port, addr=address, registry=self.registry)
 
-    def record_jobs(self, jobs: Iterable[tuple[JobKey, str, int, int]]) -> None:
-        """Per-pass gauges: (job, phase, desired, current); series of vanished jobs are removed."""
+    def record_jobs(self, jobs: Iterable[JobSample]) -> None:
+        """Per-pass gauges; series of vanished jobs are removed."""
+        per_job = (self.desired, self.current, self.ready, self.allocated_gpus)
         phases: Tally[str] = Tally()
         seen: set[JobKey] = set()
-        for key, phase, desired, current in jobs:
-            phases[phase] += 1
-            seen.add(key)
-            self.desired.labels(*key).set(desired)
-            self.current.labels(*key).set(current)
+        for job in jobs:
+            phases[job.phase] += 1
+            seen.add(job.key)
+            values = (job.desired, job.current, job.ready, job.desired * job.gpus_per_worker)
+            for gauge, value in zip(per_job, values, strict=True):
+                gauge.labels(*job.key).set(value)
         for phase in Phase:
             self.jobs.labels(phase).set(phases[phase])
         for key in self._jobs_seen - seen:
-            self.desired.remove(*key)
-            self.current.remove(*key)
+            for gauge in per_job:
+                gauge.remove(*key)
         self._jobs_seen = seen

@@ -22,7 +22,8 @@ The job's lifecycle, status.phase (`ebbflow_api.models.Phase`), decided anew eve
 
     Pending    fewer than spec.replicas.min workers ready (new, no GPUs for min, held after a timeout)
     Scaling    at least min ready, but workers are still being added, removed or getting ready
-    Running    every desired worker ready and nothing to create or delete
+    Running    every desired worker ready and nothing to create or delete, or (training over) a
+               worker has succeeded and the others are finishing
     Succeeded  a worker finished training and none is still active        (final)
     Failed     a worker exited with a code in contract.FATAL_EXIT_REASONS (InvalidConfig,
                NonFiniteLoss: no restart can cure it), or real failures exceeded spec.maxRestarts (final)
@@ -505,7 +506,8 @@ def job_status(
     status, target, stamp = job.status, sizing.target, format_time(now)
     ready = sum(p.ready and p.phase == "Running" for p in sizing.active)
     replicas = len(sizing.active) + len(sizing.create)
-    phase, ready_condition = readiness(job.spec.replicas.min, target, ready, replicas, settled, ending.phase)
+    minimum, finished = job.spec.replicas.min, len(seen.succeeded)
+    phase, ready_condition = readiness(minimum, target, ready, replicas, settled, ending.phase, finished)
     before = status.desired_replicas or 0
     reason = rescale_reason(
         before,
@@ -546,13 +548,24 @@ def job_status(
 
 
 def readiness(
-    minimum: int, target: int, ready: int, replicas: int, settled: bool, final: Phase | None
+    minimum: int,
+    target: int,
+    ready: int,
+    replicas: int,
+    settled: bool,
+    final: Phase | None,
+    finished: int = 0,
 ) -> tuple[Phase, ConditionUpdate]:
     """The phase and the Ready condition. A final phase stays (and the job is no longer Ready);
-    otherwise Pending below `minimum` ready workers, Running once all `target` workers exist and are
-    ready with nothing left to create or delete (`settled`), Scaling in between."""
+    while `finished` workers have succeeded and the others are finishing too, the job stays Running
+    (their ready count falling is the end of training, not a lack of workers); otherwise Pending
+    below `minimum` ready workers, Running once all `target` workers exist and are ready with
+    nothing left to create or delete (`settled`), Scaling in between."""
     if final is not None:
         return final, ConditionUpdate(READY, False, str(final), f"the job {str(final).lower()}")
+    if finished:
+        message = f"{finished} worker(s) finished training; {replicas} still finishing"
+        return Phase.RUNNING, ConditionUpdate(READY, True, "WorkersFinishing", message)
     enough = ready >= minimum
     message = f"{ready} of {target} desired worker(s) ready (min {minimum})"
     condition = ConditionUpdate(READY, enough, "MinimumAvailable" if enough else "WaitingForWorkers", message)

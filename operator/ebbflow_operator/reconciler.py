@@ -30,7 +30,7 @@ from .allocator import Policy, PriorityFairShare
 from .cache import Store
 from .decide import OperatorConfig, PassResult, decide
 from .errors import KubeError
-from .metrics import Metrics
+from .metrics import JobSample, Metrics
 from .model import Job, JobKey, Json, Node, Pod, parse_job, parse_node, parse_pod
 from .planner import Plan
 
@@ -184,10 +184,7 @@ class Reconciler:
             self.metrics.reconcile_errors.inc(failures)
         self.metrics.gpus.labels("total").set(result.total_gpus)
         self.metrics.gpus.labels("free").set(result.free_gpus)
-        self.metrics.record_jobs(
-            (p.job.key, str(p.status["phase"]), int(p.status["desiredReplicas"]), int(p.status["replicas"]))
-            for p in result.plans
-        )
+        self.metrics.record_jobs(_job_sample(p) for p in result.plans)
         for plan in result.plans:
             if plan.rescale_reason:
                 self.metrics.rescales.labels(plan.rescale_reason).inc()
@@ -257,6 +254,18 @@ class Reconciler:
 def _service_key(raw: Json) -> tuple[JobKey, str]:
     metadata = raw["metadata"]
     return (metadata["namespace"], metadata["labels"][contract.LABEL_JOB_NAME]), metadata["name"]
+
+
+def _job_sample(plan: Plan) -> JobSample:
+    status = plan.status
+    return JobSample(
+        key=plan.job.key,
+        phase=str(status["phase"]),
+        desired=int(status["desiredReplicas"]),
+        current=int(status["replicas"]),
+        ready=int(status["readyReplicas"]),
+        gpus_per_worker=plan.job.gpus_per_worker,
+    )
 
 
 def _has_work(plan: Plan) -> bool:

@@ -323,10 +323,12 @@ def test_metrics_report_jobs_workers_and_gpus(
 
     def scraped() -> str | None:
         text = operator.metrics()
-        return text if f"ebbflow_job_current_workers{{{labels}}} 5.0" in text else None
+        return text if f"ebbflow_job_ready_workers{{{labels}}} 5.0" in text else None
 
     text = wait_for(scraped, SETTLE, "metrics caught up")
     assert f"ebbflow_job_desired_workers{{{labels}}} 5.0" in text
+    assert f"ebbflow_job_current_workers{{{labels}}} 5.0" in text
+    assert f"ebbflow_job_allocated_gpus{{{labels}}} 5.0" in text
     assert 'ebbflow_jobs{phase="Running"} 1.0' in text
     assert 'ebbflow_cluster_gpus{state="total"} 8.0' in text
     assert 'ebbflow_cluster_gpus{state="free"} 3.0' in text

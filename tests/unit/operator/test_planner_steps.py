@@ -819,19 +819,28 @@ def test_rendezvous_and_services(
 
 
 @pytest.mark.parametrize(
-    ("target", "ready", "replicas", "settled", "final", "phase", "condition"),
+    ("target", "ready", "replicas", "settled", "final", "phase", "condition", "finished"),
     [
-        pytest.param(3, 1, 3, True, None, Phase.PENDING, (False, "WaitingForWorkers"), id="below-min"),
-        pytest.param(0, 0, 0, True, None, Phase.PENDING, (False, "WaitingForWorkers"), id="no-workers"),
-        pytest.param(3, 3, 3, True, None, Phase.RUNNING, (True, "MinimumAvailable"), id="all-ready"),
-        pytest.param(3, 2, 3, True, None, Phase.SCALING, (True, "MinimumAvailable"), id="some-not-ready"),
-        pytest.param(3, 3, 4, True, None, Phase.SCALING, (True, "MinimumAvailable"), id="extra-replicas"),
+        pytest.param(3, 1, 3, True, None, Phase.PENDING, (False, "WaitingForWorkers"), 0, id="below-min"),
+        pytest.param(0, 0, 0, True, None, Phase.PENDING, (False, "WaitingForWorkers"), 0, id="no-workers"),
+        pytest.param(3, 3, 3, True, None, Phase.RUNNING, (True, "MinimumAvailable"), 0, id="all-ready"),
+        pytest.param(3, 2, 3, True, None, Phase.SCALING, (True, "MinimumAvailable"), 0, id="some-not-ready"),
+        pytest.param(3, 3, 4, True, None, Phase.SCALING, (True, "MinimumAvailable"), 0, id="extra-replicas"),
         pytest.param(
-            3, 3, 3, False, None, Phase.SCALING, (True, "MinimumAvailable"), id="pods-still-changing"
+            3, 3, 3, False, None, Phase.SCALING, (True, "MinimumAvailable"), 0, id="pods-still-changing"
         ),
-        pytest.param(3, 3, 3, True, Phase.FAILED, Phase.FAILED, (False, "Failed"), id="failed-final"),
+        pytest.param(3, 3, 3, True, Phase.FAILED, Phase.FAILED, (False, "Failed"), 0, id="failed-final"),
         pytest.param(
-            0, 0, 0, True, Phase.SUCCEEDED, Phase.SUCCEEDED, (False, "Succeeded"), id="succeeded-final"
+            0, 0, 0, True, Phase.SUCCEEDED, Phase.SUCCEEDED, (False, "Succeeded"), 0, id="succeeded-final"
+        ),
+        pytest.param(
+            2, 1, 2, True, None, Phase.RUNNING, (True, "WorkersFinishing"), 1, id="finishing-below-min"
+        ),
+        pytest.param(
+            3, 1, 2, False, None, Phase.RUNNING, (True, "WorkersFinishing"), 1, id="finishing-not-settled"
+        ),
+        pytest.param(
+            0, 0, 0, True, Phase.SUCCEEDED, Phase.SUCCEEDED, (False, "Succeeded"), 3, id="finished-final"
         ),
     ],
 )
@@ -843,8 +852,9 @@ def test_readiness(
     final: Phase | None,
     phase: Phase,
     condition: tuple[bool, str],
+    finished: int,
 ) -> None:
-    result, ready_condition = readiness(2, target, ready, replicas, settled, final)
+    result, ready_condition = readiness(2, target, ready, replicas, settled, final, finished)
     assert result is phase
     assert (ready_condition.type, ready_condition.status, ready_condition.reason) == (READY, *condition)
 

@@ -1,0 +1,116 @@
+"""The chart's release on the kind cluster: what `helm install` created is there and the operator is
+Ready; `helm uninstall` removes every object of the release except the CRD (kept, with the jobs in
+it, as `helm.sh/resource-policy: keep` promises); installing again brings the operator back and it
+takes up the job left behind.
+
+The session's setup installed the release on a fresh cluster; this test reinstalls it however it
+ends, so that the tests after it find the operator running."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from ebbflow_api import contract
+from ebbflow_api.waiting import wait_for
+from ebbflow_operator.devcluster.kind import (
+    CHART_VALUES,
+    OPERATOR_DEPLOYMENT,
+    RELEASE,
+    RELEASE_NAMESPACE,
+    Kind,
+    KindError,
+    install_chart,
+    run,
+)
+
+from . import jobs
+
+CRD_NAME = f"{contract.PLURAL}.{contract.API_GROUP}"
+REMOVAL_DEADLINE_S = 180
+
+
+def release_objects(kind: Kind) -> list[dict[str, Any]]:
+    """Kind, name and namespace of every object in the release's manifest."""
+    manifest = run("helm", "get", "manifest", RELEASE, "--namespace", RELEASE_NAMESPACE, timeout=60)
+    return [
+        {
+            "kind": doc["kind"],
+            "name": doc["metadata"]["name"],
+            "namespace": doc["metadata"].get("namespace"),
+        }
+        for doc in yaml.safe_load_all(manifest)
+        if doc
+    ]
+
+
+def exists(kind: Kind, obj: dict[str, Any]) -> bool:
+    args = ["get", obj["kind"], obj["name"], "--ignore-not-found", "-o", "name"]
+    if obj["namespace"]:
+        args += ["--namespace", obj["namespace"]]
+    return bool(kind.kubectl(*args).strip())
+
+
+def operator_ready(kind: Kind) -> bool:
+    deployment = kind.json("--namespace", RELEASE_NAMESPACE, "get", "deployment", OPERATOR_DEPLOYMENT)
+    wanted = deployment["spec"]["replicas"]
+    return bool(wanted > 0 and deployment["status"].get("readyReplicas", 0) == wanted)
+
+
+@pytest.fixture
+def reinstalled(kind: Kind) -> Iterator[None]:
+    """Whatever the test did to the release, the next test finds it installed and Ready."""
+    yield
+    install_chart(kind, CHART_VALUES)
+    wait_for(lambda: operator_ready(kind), REMOVAL_DEADLINE_S, "the operator Ready after reinstall")
+
+
+def test_helm_uninstall_removes_the_release_but_keeps_the_crd_and_the_jobs(
+    kind: Kind, namespace: str, reinstalled: None
+) -> None:
+    objects = release_objects(kind)
+    kinds = {o["kind"] for o in objects}
+    assert {"CustomResourceDefinition", "ServiceAccount", "Deployment", "Service"} <= kinds, kinds
+    assert {"ClusterRole", "ClusterRoleBinding"} & kinds, kinds
+    assert all(exists(kind, o) for o in objects), "an object of the release is missing"
+    assert operator_ready(kind)
+    crd = kind.json("get", "customresourcedefinition", CRD_NAME)
+    assert crd["metadata"]["annotations"].get("helm.sh/resource-policy") == "keep"
+
+    # A job the operator cannot place (no node matches): it stays an object with no pods.
+    job = jobs.digits_job("left-behind", 1, 1, steps=10, vnode_seconds=0.0)
+    job["spec"]["template"]["spec"]["nodeSelector"] = {"ebbflow.dev/no-such-node": "true"}
+    jobs.apply(kind, job)
+    wait_for(lambda: jobs.status(kind, "left-behind").get("phase") == "Pending", 120, "the job Pending")
+
+    run("helm", "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait", timeout=REMOVAL_DEADLINE_S)
+    removed = [o for o in objects if o["kind"] != "CustomResourceDefinition"]
+    wait_for(
+        lambda: not any(exists(kind, o) for o in removed),
+        REMOVAL_DEADLINE_S,
+        "every object of the release but the CRD removed",
+    )
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    operator_pods = kind.json("--namespace", RELEASE_NAMESPACE, "get", "pods", "-l", selector)["items"]
+    assert not operator_pods, "an operator pod outlived the release"
+    assert exists(kind, {"kind": "CustomResourceDefinition", "name": CRD_NAME, "namespace": None})
+    left = kind.json("--namespace", namespace, "get", "elastictrainingjob", "left-behind")
+    assert left["status"].get("phase") == "Pending", "the job left behind lost its status"
+
+    with pytest.raises(KindError):  # the release is gone, not just scaled down
+        run("helm", "status", RELEASE, "--namespace", RELEASE_NAMESPACE, timeout=60)
+
+    install_chart(kind, CHART_VALUES)
+    wait_for(lambda: operator_ready(kind), REMOVAL_DEADLINE_S, "the operator Ready after reinstall")
+    # A spec change made now is observed: the reinstalled operator reconciles the job left behind.
+    patch = '{"spec": {"replicas": {"max": 2}}}'
+    job_ref = ("--namespace", namespace, "elastictrainingjob", "left-behind")
+    kind.kubectl("patch", *job_ref, "--type=merge", "-p", patch)
+    wanted = kind.json("get", *job_ref)["metadata"]["generation"]
+    wait_for(
+        lambda: jobs.status(kind, "left-behind").get("observedGeneration") == wanted,
+        120,
+        f"the reinstalled operator observing generation {wanted} of the job left behind",
+    )
