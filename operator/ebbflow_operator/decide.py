@@ -51,6 +51,7 @@ def decide(
     pods: list[Pod],
     jobs: list[Job],
     services: Mapping[JobKey, frozenset[str]],
+    network_policies: Mapping[JobKey, frozenset[str]],
     now: float,
     config: OperatorConfig,
     policy: Policy,
@@ -85,6 +86,7 @@ def decide(
             nodes=by_name,
             desired=allocation.get(job.key, 0),
             free_gpus=sum(capacity.free.get(name, 0) for name in eligible[job.key]),
+            network_policies=network_policies.get(job.key, frozenset()),
         )
         plans.append(plan_job(job, observed, now, config.planner))
     used = sum(p.gpus for p in pods if p.holds_gpus and p.node in capacity.free)

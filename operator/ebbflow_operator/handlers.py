@@ -37,6 +37,11 @@ def service_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     _observe("services", event, memo)
 
 
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels={contract.LABEL_JOB_NAME: kopf.PRESENT})
+def network_policy_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _observe("networkpolicies", event, memo)
+
+
 @kopf.on.event("", "v1", "nodes")
 def node_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     _observe("nodes", event, memo)

@@ -22,6 +22,8 @@ from .model import Json, format_time
 
 log = logging.getLogger(__name__)
 
+NETWORKING_PREFIX = "/apis/networking.k8s.io/v1"
+
 
 class KubeIO:
     """Reads the cluster and applies plans. `namespaces` empty means every namespace.
@@ -97,6 +99,11 @@ class KubeIO:
         """Services the operator created (they carry the job label)."""
         return self._list(self._scoped("services"), selector=contract.LABEL_JOB_NAME)
 
+    def list_network_policies(self) -> tuple[list[Json], int]:
+        """NetworkPolicies the operator created (they carry the job label)."""
+        paths = self._scoped("networkpolicies", NETWORKING_PREFIX)
+        return self._list(paths, selector=contract.LABEL_JOB_NAME)
+
     # --- writes -------------------------------------------------------------------------------------
 
     # Each write returns the object as the API server now has it (None when there was nothing to do),
@@ -107,6 +114,10 @@ class KubeIO:
 
     def create_service(self, namespace: str, body: Json) -> Json | None:
         return _tolerate(409, self._request, "POST", f"/api/v1/namespaces/{namespace}/services", body)
+
+    def create_network_policy(self, namespace: str, body: Json) -> Json | None:
+        path = f"{NETWORKING_PREFIX}/namespaces/{namespace}/networkpolicies"
+        return _tolerate(409, self._request, "POST", path, body)
 
     def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> Json | None:
         """Deletes exactly the pod observed (uid precondition), never a successor with its name."""

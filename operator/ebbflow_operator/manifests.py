@@ -18,6 +18,7 @@ WORKER_NAME = re.compile(r"^(?P<job>.+)-worker-(?P<index>\d+)$")
 # Kubernetes' terminationMessagePath when a container sets none: the trainer writes why it stopped
 # there, and the kubelet copies it into the container's state.terminated.message.
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+RENDEZVOUS_USER = 65532  # the trainer image's unprivileged user
 
 
 def worker_name(job: str, index: int) -> str:
@@ -36,6 +37,10 @@ def rendezvous_name(job: str) -> str:
 
 def headless_service_name(job: str) -> str:
     return f"{job}-workers"
+
+
+def network_policy_name(job: str) -> str:
+    return f"{job}-pods"
 
 
 def rendezvous_endpoint(job: Job) -> str:
@@ -166,8 +171,17 @@ def rendezvous_pod(job: Job) -> Json:
                 ],
                 "ports": [{"name": "c10d", "containerPort": rendezvous.port}],
                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
             }
         ],
+        # The `restricted` Pod Security Standard, so the pod is admitted wherever it is enforced. The
+        # user is set (the trainer image's 65532) so that an image whose USER is a name passes too.
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RENDEZVOUS_USER,
+            "runAsGroup": RENDEZVOUS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
     }
     for key in ("imagePullSecrets", "serviceAccountName", "priorityClassName"):
         if key in pod_spec:
@@ -224,4 +238,31 @@ def _service(job: Job, name: str, role: str, spec: dict[str, Any]) -> Json:
             "ownerReferences": [owner_reference(job)],
         },
         "spec": {"selector": _labels(job, role), **spec},
+    }
+
+
+def network_policy(job: Job) -> Json:
+    """Ingress to the job's pods (workers and the rendezvous pod) only from the job's own pods: the
+    c10d store and the workers' collective ports are the job's alone. The trainers' metrics port
+    stays open to every namespace, for Prometheus. NetworkPolicies select by label, so anyone who
+    may create pods in the namespace can wear the job's labels: the namespace is the trust boundary.
+    Enforced only where the cluster's network plugin implements NetworkPolicy."""
+    job_pods = {"matchLabels": {contract.LABEL_JOB_NAME: job.name}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": network_policy_name(job.name),
+            "namespace": job.namespace,
+            "labels": {contract.LABEL_JOB_NAME: job.name},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "podSelector": job_pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": job_pods}]},
+                {"ports": [{"protocol": "TCP", "port": contract.METRICS_PORT}]},
+            ],
+        },
     }

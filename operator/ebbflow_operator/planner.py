@@ -15,7 +15,8 @@ frozen values the steps before it returned:
     pending_timeout          workers unscheduled for too long -> withdrawn, and a hold on the size
     target_size              allocator's size, hold, spec.replicas.min -> how many workers to have
     resize                   the scale-down's `victims`, `new_workers`, the world generation
-    rendezvous_and_services  the rendezvous pod (replaced when it ends) and the job's Services
+    rendezvous_and_services  the rendezvous pod (replaced when it ends), the job's Services and
+                             NetworkPolicy
     job_status               `readiness` (phase, Ready), `schedulable`, `rescale_reason`, `history`
 
 The job's lifecycle, status.phase (`ebbflow_api.models.Phase`), decided anew every pass:
@@ -103,6 +104,7 @@ class Plan:
     delete: tuple[Deletion, ...] = ()
     create_rendezvous_pod: bool = False
     create_services: tuple[str, ...] = ()  # names of missing Services
+    create_network_policy: bool = False
     status_patch: Json = field(default_factory=dict)
     events: tuple[Event, ...] = ()
     rescale_reason: RescaleReason | None = None
@@ -119,6 +121,7 @@ class Observed:
     nodes: Mapping[str, Node]  # every node in the cluster, by name
     desired: int  # the allocator's size for the job
     free_gpus: int  # GPUs free on nodes the job may use (for messages)
+    network_policies: frozenset[str] = frozenset()  # names of the job's NetworkPolicies that exist
 
 
 @dataclass(frozen=True)
@@ -193,11 +196,12 @@ class Sizing:
 
 @dataclass(frozen=True)
 class Support:
-    """What happens to the job's rendezvous pod and Services."""
+    """What happens to the job's rendezvous pod, Services and NetworkPolicy."""
 
     delete: tuple[Deletion, ...] = ()
     create_rendezvous_pod: bool = False
     create_services: tuple[str, ...] = ()
+    create_network_policy: bool = False
 
 
 @dataclass(frozen=True)
@@ -230,6 +234,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         delete=delete,
         create_rendezvous_pod=support.create_rendezvous_pod,
         create_services=support.create_services,
+        create_network_policy=support.create_network_policy,
         status_patch=merge_patch(job.status.to_json(), update.status),
         events=update.report.events,
         rescale_reason=update.rescale_reason,
@@ -473,7 +478,8 @@ def new_workers(job_name: str, count: int, generation: int, taken: Set[str]) -> 
 
 def rendezvous_and_services(job: Job, observed: Observed, ended: bool) -> Support:
     """A running job has one rendezvous pod (replaced once it ends or its node is gone: PodGC removes
-    such a pod only after a long quarantine) and its two Services; an ended job cleans the pod up."""
+    such a pod only after a long quarantine), its two Services and its NetworkPolicy; an ended job
+    cleans the pod up (the rest goes with the job)."""
     name = manifests.rendezvous_name(job.name)
     pods = [p for p in children(job, observed.pods, contract.ROLE_RENDEZVOUS) if not p.deleting]
     if ended:
@@ -488,6 +494,7 @@ def rendezvous_and_services(job: Job, observed: Observed, ended: bool) -> Suppor
             for service in (name, manifests.headless_service_name(job.name))
             if service not in observed.services
         ),
+        create_network_policy=manifests.network_policy_name(job.name) not in observed.network_policies,
     )
 
 

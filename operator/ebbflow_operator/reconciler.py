@@ -55,8 +55,10 @@ class ClusterIO(Protocol):
     def list_pods(self) -> tuple[list[Json], int]: ...
     def list_jobs(self) -> tuple[list[Json], int]: ...
     def list_services(self) -> tuple[list[Json], int]: ...
+    def list_network_policies(self) -> tuple[list[Json], int]: ...
     def create_pod(self, namespace: str, body: Json) -> Json | None: ...
     def create_service(self, namespace: str, body: Json) -> Json | None: ...
+    def create_network_policy(self, namespace: str, body: Json) -> Json | None: ...
     def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> Json | None: ...
     def patch_job_status(self, namespace: str, name: str, patch: Json) -> Json | None: ...
     def record_event(
@@ -81,7 +83,8 @@ class Reconciler:
             "nodes": parse_node,
             "pods": parse_pod,
             "jobs": parse_job,
-            "services": _service_key,
+            "services": _child_key,
+            "networkpolicies": _child_key,
         }
         self.stores: dict[str, Store[Any]] = {
             kind: Store(parse, kind, metrics.cache_unparsable.labels(kind).inc)
@@ -112,6 +115,7 @@ class Reconciler:
             "pods": self.io.list_pods,
             "jobs": self.io.list_jobs,
             "services": self.io.list_services,
+            "networkpolicies": self.io.list_network_policies,
         }
         for kind, call in lists.items():
             items, version = call()
@@ -148,24 +152,30 @@ class Reconciler:
             self.metrics.decision_latency.observe(time.monotonic() - started)
         self._pool.shutdown(wait=True)
 
-    def observe(self) -> tuple[list[Node], list[Pod], list[Job], dict[JobKey, frozenset[str]]]:
-        services: dict[JobKey, set[str]] = defaultdict(set)
-        for key, name in self.stores["services"].values():
-            services[key].add(name)
+    def observe(
+        self,
+    ) -> tuple[list[Node], list[Pod], list[Job], dict[JobKey, frozenset[str]], dict[JobKey, frozenset[str]]]:
+        """The cache's nodes, pods and jobs, and the names of each job's Services and NetworkPolicies."""
         return (
             self.stores["nodes"].values(),
             self.stores["pods"].values(),
             self.stores["jobs"].values(),
-            {key: frozenset(names) for key, names in services.items()},
+            self._names_by_job("services"),
+            self._names_by_job("networkpolicies"),
         )
+
+    def _names_by_job(self, kind: str) -> dict[JobKey, frozenset[str]]:
+        names: dict[JobKey, set[str]] = defaultdict(set)
+        for key, name in self.stores[kind].values():
+            names[key].add(name)
+        return {key: frozenset(found) for key, found in names.items()}
 
     def run_pass(self, now: float | None = None) -> PassResult:
         started = time.monotonic()
-        nodes, pods, jobs, services = self.observe()
+        nodes, pods, jobs, services, network_policies = self.observe()
         observed = time.monotonic()
-        result = decide(
-            nodes, pods, jobs, services, time.time() if now is None else now, self.config, self.policy
-        )
+        when = time.time() if now is None else now
+        result = decide(nodes, pods, jobs, services, network_policies, when, self.config, self.policy)
         decided = time.monotonic()
         work = [p for p in result.plans if _has_work(p)]
         failures = sum(self._pool.map(self._apply, work))
@@ -227,6 +237,10 @@ class Reconciler:
         if plan.status_patch:
             steps.append((partial(io.patch_job_status, ns, job.name, plan.status_patch), jobs))
         steps += [(partial(io.delete_pod, ns, d.name, d.uid, d.grace_seconds), pods) for d in plan.delete]
+        # The NetworkPolicy first, so the rendezvous store never listens unprotected.
+        if plan.create_network_policy:
+            body = manifests.network_policy(job)
+            steps.append((partial(io.create_network_policy, ns, body), self.stores["networkpolicies"]))
         if plan.create_rendezvous_pod:
             steps.append((partial(io.create_pod, ns, manifests.rendezvous_pod(job)), pods))
         for name in plan.create_services:
@@ -251,7 +265,8 @@ class Reconciler:
             log.warning("%s/%s: event not recorded: %s", job.namespace, job.name, error.status)
 
 
-def _service_key(raw: Json) -> tuple[JobKey, str]:
+def _child_key(raw: Json) -> tuple[JobKey, str]:
+    """A Service's or NetworkPolicy's job (from its label) and name."""
     metadata = raw["metadata"]
     return (metadata["namespace"], metadata["labels"][contract.LABEL_JOB_NAME]), metadata["name"]
 
@@ -275,5 +290,6 @@ def _has_work(plan: Plan) -> bool:
         or plan.create_workers
         or plan.create_rendezvous_pod
         or plan.create_services
+        or plan.create_network_policy
         or plan.events
     )

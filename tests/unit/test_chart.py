@@ -424,6 +424,7 @@ Rules = dict[tuple[str, str], set[str]]
 # The operator's own objects: what kube.py calls and what kopf needs (standalone, posting off).
 NAMESPACED: Rules = {
     ("", "services"): {"list", "watch", "create"},
+    ("networking.k8s.io", "networkpolicies"): {"list", "watch", "create"},
     ("", "events"): {"create"},
     (contract.API_GROUP, contract.PLURAL): {"list", "watch"},
     (contract.API_GROUP, f"{contract.PLURAL}/status"): {"patch"},

@@ -98,6 +98,10 @@ trainer.rbac.namespaces, or else the release namespace plus watchNamespaces.
   - apiGroups: [""]
     resources: ["services"]
     verbs: ["list", "watch", "create"]
+  # Each job's NetworkPolicy: listed, watched and created.
+  - apiGroups: ["networking.k8s.io"]
+    resources: ["networkpolicies"]
+    verbs: ["list", "watch", "create"]
   # Events on the jobs (kubectl describe etj).
   - apiGroups: [""]
     resources: ["events"]

@@ -49,6 +49,9 @@ class FakeCluster:
     def list_services(self) -> tuple[list[Json], int]:
         return [], 1
 
+    def list_network_policies(self) -> tuple[list[Json], int]:
+        return [], 1
+
     def create_pod(self, namespace: str, body: Json) -> Json | None:
         self._call("create_pod", body["metadata"]["name"])
         self.created_pods.append(body)
@@ -56,6 +59,10 @@ class FakeCluster:
 
     def create_service(self, namespace: str, body: Json) -> Json | None:
         self._call("create_service", body["metadata"]["name"])
+        return None
+
+    def create_network_policy(self, namespace: str, body: Json) -> Json | None:
+        self._call("create_network_policy", body["metadata"]["name"])
         return None
 
     def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> Json | None:
@@ -81,12 +88,14 @@ FULL = Plan(
     delete=(Deletion("train-worker-3", "uid-train-3", 30, "scale down"),),
     create_rendezvous_pod=True,
     create_services=(RDZV, HEADLESS),
+    create_network_policy=True,
     create_workers=((4, 2),),
     events=(Event("Normal", "Rescaled", "3 -> 2 workers"),),
 )
 STATUS: Call = ("patch_job_status", "train")
 DELETE: Call = ("delete_pod", "train-worker-3")
 CREATES: list[Call] = [
+    ("create_network_policy", manifests.network_policy_name("train")),
     ("create_pod", RDZV),
     ("create_service", RDZV),
     ("create_service", HEADLESS),
@@ -129,7 +138,7 @@ def reconciler(cluster: FakeCluster, metrics: Metrics | None = None) -> Reconcil
         pytest.param(
             FULL,
             {f"create_pod {RDZV}": KubeError(403, "Forbidden")},
-            [STATUS, DELETE, CREATES[0], ERROR, *CREATES[1:], RESCALED],
+            [STATUS, DELETE, *CREATES[:2], ERROR, *CREATES[2:], RESCALED],
             1,
             id="creation-fails-others-go-on",
         ),

@@ -30,7 +30,7 @@ def test_workers_still_leaving_do_not_push_a_lower_priority_job_below_its_minimu
     nodes = [Node("a", 4), Node("b", 4)]
     low, high = job("low", 2, 8, priority=0, age=600), job("high", 2, 6, priority=100, age=10)
     pods = [worker(low, i, "a" if i < 4 else "b", deleting=i >= 2) for i in range(8)]
-    result = decide(nodes, pods, [low, high], {}, NOW, OperatorConfig(), PriorityFairShare())
+    result = decide(nodes, pods, [low, high], {}, {}, NOW, OperatorConfig(), PriorityFairShare())
     sizes = {plan.job.name: plan.status["desiredReplicas"] for plan in result.plans}
     assert sizes == {"low": 2, "high": 6}
     low_plan = next(plan for plan in result.plans if plan.job.name == "low")
@@ -45,7 +45,7 @@ def test_a_deleted_worker_that_left_with_exit_0_does_not_end_the_job() -> None:
     train = job("train", 1, 3, priority=0, age=600)
     left = worker(train, 1, "a", deleting=True, phase="Succeeded")
     pods = [worker(train, 0, "a"), left, worker(train, 2, "a")]
-    result = decide(nodes, pods, [train], {}, NOW, OperatorConfig(), PriorityFairShare())
+    result = decide(nodes, pods, [train], {}, {}, NOW, OperatorConfig(), PriorityFairShare())
     (plan,) = result.plans
     assert plan.status["desiredReplicas"] == 3
     assert not [d for d in plan.delete if d.name in {"train-worker-0", "train-worker-2"}]

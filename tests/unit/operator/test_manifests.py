@@ -563,6 +563,35 @@ def test_headless_service() -> None:
     assert not selects(service, manifests.worker_pod(make_job(JobBuilder("other")), 0, world_generation=1))
 
 
+def test_network_policy_admits_only_the_jobs_pods_but_the_metrics_port() -> None:
+    job, other = make_job(JobBuilder("j")), make_job(JobBuilder("other"))
+    policy = manifests.network_policy(job)
+    assert policy["metadata"]["name"] == manifests.network_policy_name("j")
+    assert policy["metadata"]["ownerReferences"] == [manifests.owner_reference(job)]
+    assert policy["metadata"]["labels"] == {contract.LABEL_JOB_NAME: "j"}
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    protected = {"spec": {"selector": spec["podSelector"]["matchLabels"]}}
+    worker, rendezvous = manifests.worker_pod(job, 0, world_generation=1), manifests.rendezvous_pod(job)
+    stranger = manifests.worker_pod(other, 0, world_generation=1)
+    assert selects(protected, worker) and selects(protected, rendezvous)
+    assert not selects(protected, stranger)
+    from_pods, metrics = spec["ingress"]
+    admitted = {"spec": {"selector": from_pods["from"][0]["podSelector"]["matchLabels"]}}
+    assert set(from_pods) == {"from"}, "the job's own pods reach every port"
+    assert selects(admitted, worker) and selects(admitted, rendezvous)
+    assert not selects(admitted, stranger)
+    assert metrics == {"ports": [{"protocol": "TCP", "port": contract.METRICS_PORT}]}, "metrics from anywhere"
+
+
+def test_rendezvous_pod_meets_the_restricted_pod_security_standard() -> None:
+    spec = manifests.rendezvous_pod(make_job(JobBuilder("j")))["spec"]
+    pod, container = spec["securityContext"], spec["containers"][0]["securityContext"]
+    assert pod["runAsNonRoot"] is True and pod["runAsUser"] != 0
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def test_worker_selector_matches_worker_labels() -> None:
     job = make_job(JobBuilder("j"))
     labels = manifests.worker_pod(job, 5, world_generation=1)["metadata"]["labels"]

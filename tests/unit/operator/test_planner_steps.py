@@ -92,8 +92,13 @@ def deletions(items: tuple[Deletion, ...]) -> list[tuple[str, int, str]]:
     return [(d.name, d.grace_seconds, d.reason) for d in items]
 
 
-def observed(pods: list[Pod], services: frozenset[str] = frozenset(), free_gpus: int = 0) -> Observed:
-    return Observed(pods, services, NODES, desired=0, free_gpus=free_gpus)
+def observed(
+    pods: list[Pod],
+    services: frozenset[str] = frozenset(),
+    free_gpus: int = 0,
+    network_policies: frozenset[str] = frozenset(),
+) -> Observed:
+    return Observed(pods, services, NODES, desired=0, free_gpus=free_gpus, network_policies=network_policies)
 
 
 # --- classify ------------------------------------------------------------------------------------
@@ -806,13 +811,31 @@ BOTH = frozenset({"j-rdzv", "j-workers"})
 def test_rendezvous_and_services(
     pods: list[Pod], services: frozenset[str], ended: bool, policy: str, expected: dict[str, Any]
 ) -> None:
-    support = rendezvous_and_services(job(cleanPodPolicy=policy), observed(pods, services), ended)
+    present = observed(pods, services, network_policies=frozenset({"j-pods"}))
+    support = rendezvous_and_services(job(cleanPodPolicy=policy), present, ended)
+    assert not support.create_network_policy
     assert {
         "delete": [d.reason for d in support.delete],
         "create": support.create_rendezvous_pod,
         "services": list(support.create_services),
     } == {"delete": [], "create": False, "services": [], **expected}
     assert all((d.name, d.grace_seconds) == ("j-rdzv", 0) for d in support.delete)
+
+
+@pytest.mark.parametrize(
+    ("policies", "ended", "create"),
+    [
+        pytest.param(frozenset(), False, True, id="missing"),
+        pytest.param(frozenset({"j-pods"}), False, False, id="present"),
+        pytest.param(frozenset({"other-pods"}), False, True, id="another-jobs-only"),
+        pytest.param(frozenset(), True, False, id="job-ended"),
+    ],
+)
+def test_network_policy_is_created_while_the_job_runs(
+    policies: frozenset[str], ended: bool, create: bool
+) -> None:
+    support = rendezvous_and_services(job(), observed([RDZV], BOTH, network_policies=policies), ended)
+    assert support.create_network_policy is create
 
 
 # --- status --------------------------------------------------------------------------------------
