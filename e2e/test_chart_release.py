@@ -93,8 +93,11 @@ def test_helm_uninstall_removes_the_release_but_keeps_the_crd_and_the_jobs(
         "every object of the release but the CRD removed",
     )
     selector = f"app.kubernetes.io/instance={RELEASE}"
-    operator_pods = kind.json("--namespace", RELEASE_NAMESPACE, "get", "pods", "-l", selector)["items"]
-    assert not operator_pods, "an operator pod outlived the release"
+    wait_for(  # the Deployment's pods go after it, within their termination grace
+        lambda: not kind.json("--namespace", RELEASE_NAMESPACE, "get", "pods", "-l", selector)["items"],
+        REMOVAL_DEADLINE_S,
+        "the operator's pods gone with the release",
+    )
     assert exists(kind, {"kind": "CustomResourceDefinition", "name": CRD_NAME, "namespace": None})
     left = kind.json("--namespace", namespace, "get", "elastictrainingjob", "left-behind")
     assert left["status"].get("phase") == "Pending", "the job left behind lost its status"
