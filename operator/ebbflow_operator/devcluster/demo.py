@@ -33,7 +33,9 @@ from ebbflow_operator.devcluster.demo_plan import Action, Plan, Snapshot, Stage
 from ebbflow_operator.devcluster.kind import (
     DEMO_NAMESPACE,
     KUBECONFIG,
+    PROMETHEUS_NAMESPACE,
     RELEASE_NAMESPACE,
+    TOOLS,
     Kind,
     KindError,
     set_up,
@@ -183,6 +185,16 @@ class Demo:
         return trainer_logs.worlds(logs)
 
 
+# Where to watch the job's metrics while it trains (and after): the cluster's Prometheus, which
+# scrapes the operator and the trainers as the chart's monitors would.
+METRICS_HINT = (
+    "metrics: Prometheus scrapes the operator and the trainers; in another terminal:",
+    "  KUBECONFIG={kubeconfig} {tools}/kubectl -n {namespace} port-forward svc/prometheus 9090"
+    "  # then http://localhost:9090, e.g. ebbflow_trainer_samples_per_second",
+)
+_HINT_VALUES = {"kubeconfig": KUBECONFIG, "tools": TOOLS, "namespace": PROMETHEUS_NAMESPACE}
+
+
 def summary(demo: Demo, last: Snapshot, total_s: float) -> list[str]:
     """The closing lines: outcome, the worlds as the trainers saw them, the final accuracy."""
     lines = [f"{demo.name}: {last.phase} after {last.at:.0f} s (demo {total_s:.0f} s in all)"]
@@ -219,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     report.event(
         f"ready in {time.monotonic() - begun:.0f} s; the operator runs in namespace {RELEASE_NAMESPACE}"
     )
+    for line in METRICS_HINT:
+        report.event(line.format(**_HINT_VALUES))
     demo = Demo(kind, report, args.steps, job_manifest(args.steps, args.vnode_seconds))
     demo.submit()
     last = demo.watch(args.timeout)
@@ -226,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in summary(demo, last, time.monotonic() - begun):
         report.event(line)
     report.event(f"the cluster stays up: export KUBECONFIG={KUBECONFIG}; make kind-down removes it")
+    report.event(METRICS_HINT[1].format(**_HINT_VALUES))
     ok = last.phase == "Succeeded" and not demo.failures and (last.accuracy or 0) >= target_accuracy()
     return 0 if ok else 1
 
