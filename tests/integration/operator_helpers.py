@@ -172,3 +172,21 @@ def settled(kube: Kube, namespace: str, name: str, count: int, phase: str = "Run
 def events(kube: Kube, namespace: str, name: str, reason: str) -> list[Any]:
     found = kube.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
     return [e for e in found if e.reason == reason]
+
+
+def patch_job(kube: Kube, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    """A merge patch of the job (e.g. `{"spec": {"replicas": {"max": 8}}}`)."""
+    kube.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+
+
+def pod_uids(kube: Kube, namespace: str) -> dict[str, str]:
+    """Name -> uid of every pod in the namespace that is not being deleted."""
+    pods = kube.core.list_namespaced_pod(namespace).items
+    return {p.metadata.name: p.metadata.uid for p in pods if p.metadata.deletion_timestamp is None}
+
+
+def conditions_current(kube: Kube, namespace: str, name: str) -> bool:
+    """Every condition of the job was written for its current spec (observedGeneration)."""
+    job = get_job(kube, namespace, name)
+    found = (job.get("status") or {}).get("conditions", [])
+    return bool(found) and all(c.get("observedGeneration") == job["metadata"]["generation"] for c in found)

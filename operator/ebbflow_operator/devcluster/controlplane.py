@@ -4,7 +4,7 @@ etcd + kube-apiserver + kube-controller-manager + kube-scheduler + the KWOK cont
 child process on free loopback ports, sharing one temporary folder. Nodes are fake (KWOK), the
 API machinery is not: scheduling, garbage collection, taint eviction and the Eviction API all run
 the real Kubernetes code. Children die with their parent (PR_SET_PDEATHSIG), so an interrupted test
-run leaves no process behind.
+run leaves no process behind. `ControlPlane.apiserver_down()` stages an API server outage.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import ctypes
 import datetime
 import functools
 import ipaddress
+import json
 import os
 import secrets
 import shutil
@@ -28,6 +29,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any
 
 import yaml
 
@@ -48,6 +50,7 @@ class Component:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    command: list[str] = field(default_factory=list)  # what started it, to start it again
 
     def log_tail(self, lines: int = 25) -> str:
         try:
@@ -81,6 +84,71 @@ class ControlPlane:
                 raise ControlPlaneError(
                     f"{component.name} exited with {component.process.returncode}:\n{component.log_tail()}"
                 )
+
+    @contextlib.contextmanager
+    def apiserver_down(self, timeout: float = 180.0, await_controllers: bool = True) -> Iterator[None]:
+        """Context manager: an API server outage (as in a control-plane upgrade) for the duration of
+        the block. On exit, whatever happened inside, the API server is back and ready and, unless
+        `await_controllers` is False (the caller then calls `await_controllers` itself), so are the
+        controllers and KWOK: the plane is as usable as before for the tests that share it."""
+        self.stop_apiserver()
+        try:
+            yield
+        finally:
+            self.start_apiserver(timeout)
+            if await_controllers:
+                self.await_controllers(timeout)
+
+    def stop_apiserver(self) -> None:
+        """Stops the kube-apiserver alone; etcd, the controllers and KWOK keep running."""
+        _terminate(self._apiserver().process)
+
+    def start_apiserver(self, timeout: float = 60.0) -> None:
+        """Starts the kube-apiserver again with the same command (port, PKI, etcd); returns once it
+        is ready. The controllers and KWOK reconnect by themselves, later: see `await_controllers`."""
+        old = self._apiserver()
+        with old.log_path.open("ab") as log:  # append: the log keeps both lives
+            process = _popen(old.command, log, self.workdir)
+        self.components[self.components.index(old)] = Component(old.name, process, old.log_path, old.command)
+        ca_cert = self.workdir / "pki" / "ca.crt"
+        check = functools.partial(_api_ok, self.server, self.token, ca_cert)
+        _await(self, time.monotonic() + timeout, "kube-apiserver ready again", check)
+
+    def _apiserver(self) -> Component:
+        return next(c for c in self.components if c.name == "kube-apiserver")
+
+    def await_controllers(self, timeout: float = 180.0) -> None:
+        """A canary pod on a canary KWOK node gets Running: KWOK (nodes and pods), the node lifecycle
+        controller (it lifts the not-ready taint) and the scheduler all watch the API again. Their
+        client-go watches come back on their own, but only after a backoff of up to a minute."""
+        call = functools.partial(_api_call, self.server, self.token, self.workdir / "pki" / "ca.crt")
+        name = f"ebbflow-canary-{secrets.token_hex(3)}"
+        label = {"ebbflow.dev/canary": name}
+        capacity = {"cpu": "1", "memory": "1Gi", "pods": "10"}
+        node = {
+            "metadata": {"name": name, "labels": label, "annotations": {"kwok.x-k8s.io/node": "fake"}},
+            "status": {"capacity": capacity, "allocatable": capacity},
+        }
+        pod = {
+            "metadata": {"name": name},
+            "spec": {"nodeSelector": label, "containers": [{"name": "canary", "image": "canary"}]},
+        }
+        pod_path = f"/api/v1/namespaces/default/pods/{name}"
+
+        def running() -> bool:
+            found = call("GET", pod_path)
+            if found is None:  # not created yet, or the first attempt failed: (re)create, idempotent
+                call("POST", "/api/v1/nodes", node)
+                call("POST", "/api/v1/namespaces/default/pods", pod)
+                return False
+            return bool(found.get("status", {}).get("phase") == "Running")
+
+        try:
+            what = "controllers and KWOK reconnected (a canary pod Running)"
+            _await(self, time.monotonic() + timeout, what, running)
+        finally:
+            call("DELETE", pod_path, {"gracePeriodSeconds": 0})
+            call("DELETE", f"/api/v1/nodes/{name}")
 
 
 def missing_tools(tools_bin: Path = DEFAULT_TOOLS_BIN) -> list[str]:
@@ -218,6 +286,10 @@ def _controller_manager_args(kubeconfig: Path, ports: _Ports, pki: _Pki) -> list
         f"--service-account-private-key-file={pki.sa_key}",
         "--use-service-account-credentials=false",
         "--node-monitor-period=1s",  # notice new Ready nodes (and lift their not-ready taint) quickly
+        # A deliberate API server outage (ControlPlane.apiserver_down) plus the minute client-go may
+        # take to re-watch must not mark every KWOK node NotReady: its pods would stay unready for
+        # good, since KWOK's pod stage, unlike a kubelet, never makes a running pod ready again.
+        "--node-monitor-grace-period=180s",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
     ]
 
@@ -257,18 +329,24 @@ def _starter(plane: ControlPlane, tools_bin: Path, logs: Path) -> Callable[[str,
 
     def start(name: str, args: list[str]) -> None:
         log_path = logs / f"{name}.log"
+        command = [str(tools_bin / name), *args]
         with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [str(tools_bin / name), *args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
-                cwd=plane.workdir,
-            )
-        plane.components.append(Component(name, process, log_path))
+            process = _popen(command, log, plane.workdir)
+        plane.components.append(Component(name, process, log_path, command))
 
     return start
+
+
+def _popen(command: list[str], log: IO[bytes], cwd: Path) -> subprocess.Popen[bytes]:
+    """A component's process: output to its log, no stdin, killed when the parent dies."""
+    return subprocess.Popen(
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent,
+        cwd=cwd,
+    )
 
 
 def _terminate(process: subprocess.Popen[bytes], grace: float = 5.0) -> None:
@@ -326,6 +404,19 @@ def _api_ok(server: str, token: str, ca_cert: Path, path: str = "/readyz") -> bo
             return bool(response.status == 200)
     except (OSError, urllib.error.URLError):
         return False
+
+
+def _api_call(server: str, token: str, ca_cert: Path, method: str, path: str, body: Any = None) -> Any:
+    """One JSON request to the API as the admin; None when it fails (the caller polls or cleans up)."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    request = urllib.request.Request(server + path, data=data, headers=headers, method=method)
+    context = ssl.create_default_context(cafile=str(ca_cert))
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=context) as response:
+            return json.loads(response.read())
+    except (OSError, ValueError):  # URLError and HTTPError are OSErrors
+        return None
 
 
 # --- certificates and kubeconfig -----------------------------------------------------------------
