@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from ebbflow_api import contract
 from ebbflow_api.waiting import wait_for
+from ebbflow_trainer import state
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = str(REPO / "examples" / "digits" / "train.py")
@@ -198,8 +199,9 @@ class Job:
         return codes
 
     def final_checkpoint(self) -> dict[str, Any]:
-        state: dict[str, Any] = torch.load(self.checkpoint_dir / "checkpoint.pt", weights_only=True)
-        return state
+        found = state.read(self.checkpoint_dir / state.CHECKPOINT_FILE)
+        assert found is not None, f"no loadable checkpoint in {self.checkpoint_dir}"
+        return found
 
     def world_sizes_by_step(self) -> dict[int, int]:
         """The world size each completed step was trained with (from every node's journal)."""
@@ -256,8 +258,8 @@ def running_job(root: Path, **settings: Any) -> Iterator[Job]:
         job.shutdown()
 
 
-def parameters_of(state: dict[str, Any]) -> dict[str, torch.Tensor]:
-    return {name: tensor for name, tensor in state["model"].items() if tensor.is_floating_point()}
+def parameters_of(saved: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {name: tensor for name, tensor in saved["model"].items() if tensor.is_floating_point()}
 
 
 def assert_bitwise_equal(a: dict[str, Any], b: dict[str, Any]) -> None:

@@ -5,6 +5,13 @@ A state is everything needed to continue the exact sample sequence: model, optim
 learning rate was tuned for, the gradient-noise estimates, the current run of skipped
 (non-finite) steps, the LR scheduler and fp16 loss scale, the last evaluation and the training
 script's own ``extra_state``.
+
+On disk and on the wire a state is ``MAGIC`` + the SHA-256 of the payload + the payload (``torch.save``
+bytes). Loading checks both before ``torch.load(weights_only=True)``, which only rebuilds tensors,
+numbers, strings and containers: a truncated, altered or code-carrying file is refused with a log
+line naming it and why, never loaded. Checkpoints keep the previous one beside the newest
+(``checkpoint.prev.pt``), and resuming falls back to it when the newest is refused. Every rename is
+followed by an fsync of the directory, so a crash after a write never loses the file's name.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ CHECKPOINT_FILE = "checkpoint.pt"
 # The worker writes this file in its state directory once it has left after SIGTERM; the launcher
 # reads it to exit 0 instead of restarting the worker.
 LEFT_MARKER = "left"
+MAGIC = b"EBBFST01"  # format 1: MAGIC + SHA-256(payload) + torch.save payload
+DIGEST_BYTES = 32
 # Present while this node's worker is inside a step: from the start of training until train() returns
 # at a step boundary with the state handed over or saved. A launcher SIGTERMed without it (between
 # worlds, in a rendezvous, after a re-form stop) loses nothing by leaving, so it exits 0 as well.
@@ -138,21 +147,44 @@ def _extra_state(engine: VirtualNodeEngine) -> dict[str, Any] | None:
     return copy.deepcopy(saved)
 
 
+class StateFileError(ValueError):
+    """A state's bytes were refused: not a state, truncated, altered, or carrying other types."""
+
+
 def to_bytes(state: dict[str, Any]) -> bytes:
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    return buffer.getvalue()
+    payload = buffer.getvalue()
+    return MAGIC + hashlib.sha256(payload).digest() + payload
 
 
 def from_bytes(data: bytes) -> dict[str, Any]:
-    """A state from its bytes. ``weights_only``: tensors, numbers, strings and containers only, so a
+    """A state from its bytes, checked (magic, checksum) and then loaded with ``weights_only``, so a
     file on the checkpoint volume or in node-local memory cannot make a worker run code."""
-    state: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    header = len(MAGIC) + DIGEST_BYTES
+    if len(data) < header or not data.startswith(MAGIC):
+        raise StateFileError("not an Ebbflow state (no header; truncated, or written by something else)")
+    digest, payload = data[len(MAGIC) : header], data[header:]
+    if hashlib.sha256(payload).digest() != digest:
+        raise StateFileError("checksum mismatch: the file was truncated or altered")
+    try:
+        state: dict[str, Any] = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except (EOFError, RuntimeError, pickle.UnpicklingError) as error:
+        raise StateFileError(f"holds something that cannot be loaded safely: {error}") from error
     return state
 
 
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def write_atomic(data: bytes, path: Path) -> None:
-    """Write-then-rename, so a reader (or a crash) never sees half a state."""
+    """Write-then-rename, so a reader (or a crash) never sees half a state; the directory is synced
+    so the new name survives a crash too."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(temporary, "wb") as handle:
@@ -160,14 +192,39 @@ def write_atomic(data: bytes, path: Path) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)
+    _fsync_directory(path.parent)
 
 
 def read(path: Path) -> dict[str, Any] | None:
-    """The state at ``path``, or None when there is none or it cannot be read."""
+    """The state at ``path``, or None when there is none or it is refused (logged with the reason)."""
     try:
         return from_bytes(path.read_bytes())
     except FileNotFoundError:
         return None
-    except (EOFError, RuntimeError, OSError, pickle.UnpicklingError) as error:
-        log.warning("ignoring the state in %s, which cannot be loaded safely: %s", path, error)
+    except (StateFileError, OSError) as error:
+        log.warning("refusing the state in %s: %s", path, error)
         return None
+
+
+def previous_checkpoint(path: Path) -> Path:
+    return path.with_name(f"{path.stem}.prev{path.suffix}")
+
+
+def write_checkpoint(data: bytes, path: Path) -> None:
+    """The newest checkpoint becomes the previous one, then ``data`` the newest: the last two are kept."""
+    if path.exists():
+        os.replace(path, previous_checkpoint(path))
+    write_atomic(data, path)
+
+
+def read_checkpoint(path: Path) -> dict[str, Any] | None:
+    """The newest checkpoint that loads: ``path``, else the previous one (both refusals are logged)."""
+    for candidate in (path, previous_checkpoint(path)):
+        found = read(candidate)
+        if found is not None:
+            if candidate != path:
+                log.warning(
+                    "resuming from the previous checkpoint %s (step %s)", candidate, found.get("step")
+                )
+            return found
+    return None

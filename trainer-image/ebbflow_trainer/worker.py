@@ -208,7 +208,7 @@ class Worker:
         source = "memory"
         steps, best, holder = self._highest(local)
         if best == 0 and self.checkpoint is not None:
-            local, source = state.read(self.checkpoint), "checkpoint"
+            local, source = state.read_checkpoint(self.checkpoint), "checkpoint"
             steps, best, holder = self._highest(local)
         mine = int(steps[self.world.rank])
         resumed = local if local is not None and mine == best else None
@@ -453,7 +453,7 @@ class Worker:
         if self.checkpoint is None:
             return
         snapshot = state.capture(self.engine, self.step, self.last_step_wall_time)
-        state.write_atomic(state.to_bytes(snapshot), self.checkpoint)
+        state.write_checkpoint(state.to_bytes(snapshot), self.checkpoint)
         self.journal.write("checkpoint", step=self.step)
 
 
