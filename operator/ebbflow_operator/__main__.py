@@ -10,6 +10,8 @@ import argparse
 import logging
 import os
 import re
+import secrets
+import socket
 import threading
 from collections.abc import Sequence
 
@@ -18,6 +20,7 @@ from kubernetes import client, config
 
 from . import handlers  # noqa: F401  (registers the kopf handlers)
 from .kube import KubeIO
+from .leader import ElectionConfig, Elector
 from .metrics import Metrics
 from .planner import PlannerConfig
 from .reconciler import OperatorConfig, Reconciler
@@ -134,7 +137,64 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "exist there and may patch pods, for the trainer's progress annotation; default: the "
         "namespace's default account",
     )
+    _election_arguments(parser)
     return parser.parse_args(argv)
+
+
+def _boolean(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
+
+
+def _election_arguments(parser: argparse.ArgumentParser) -> None:
+    election = ElectionConfig(namespace="", identity="")
+    parser.add_argument(
+        "--leader-elect",
+        type=_boolean,
+        default=_boolean(_env("LEADER_ELECT", "false")),
+        metavar="true|false",
+        help="act only while holding the Lease, so that several replicas can run (default false; "
+        "env EBBFLOW_OPERATOR_LEADER_ELECT)",
+    )
+    parser.add_argument(
+        "--leader-election-namespace",
+        default=_env("LEADER_ELECTION_NAMESPACE", os.environ.get("POD_NAMESPACE", "default")),
+        help="namespace of the Lease (default: $POD_NAMESPACE, else default)",
+    )
+    for flag, value, text in (
+        (
+            "--lease-duration",
+            election.lease_duration,
+            "a standby takes over a Lease not renewed for this long",
+        ),
+        (
+            "--renew-deadline",
+            election.renew_deadline,
+            "the leader stops acting when it could not renew for this long",
+        ),
+        ("--retry-period", election.retry_period, "seconds between election rounds"),
+    ):
+        variable = flag.removeprefix("--").replace("-", "_").upper()
+        parser.add_argument(
+            flag, type=float, default=float(_env(variable, str(value))), help=f"{text} (default {value:g} s)"
+        )
+
+
+def _elector(args: argparse.Namespace, io: KubeIO) -> Elector | None:
+    if not args.leader_elect:
+        return None
+    try:
+        config = ElectionConfig(
+            namespace=args.leader_election_namespace,
+            identity=f"{socket.gethostname()}-{secrets.token_hex(4)}",
+            lease_duration=args.lease_duration,
+            renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period,
+        )
+    except ValueError as error:
+        raise SystemExit(f"ebbflow-operator: {error}") from error
+    return Elector(io, config)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -162,12 +222,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_address)
     io = KubeIO(client.ApiClient(configuration), operator_config.namespaces)
-    reconciler = Reconciler(io, operator_config, metrics)
-    stop = threading.Event()
-    loop = threading.Thread(
-        target=reconciler.run_forever, args=(stop,), name="ebbflow-reconcile", daemon=True
+    elector = _elector(args, io)
+    reconciler = Reconciler(
+        io, operator_config, metrics, leading=elector.leading if elector else lambda: True
     )
-    loop.start()
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=reconciler.run_forever, args=(stop,), name="ebbflow-reconcile", daemon=True)
+    ]
+    if elector is not None:
+
+        def leadership_changed(leading: bool) -> None:
+            metrics.leader.set(int(leading))
+            reconciler.trigger()  # the new leader's first pass (a relist) starts now
+
+        elector.on_change = leadership_changed
+        threads.append(
+            threading.Thread(target=elector.run_forever, args=(stop,), name="ebbflow-lease", daemon=True)
+        )
+    else:
+        metrics.leader.set(1)
+    for thread in threads:
+        thread.start()
     try:
         health = f"http://{args.metrics_address}:{args.health_port}/healthz" if args.health_port else None
         kopf.run(
@@ -180,7 +256,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         stop.set()
         reconciler.trigger()
-        loop.join(timeout=10)
+        for thread in threads:
+            thread.join(timeout=10)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from .model import Json, format_time
 log = logging.getLogger(__name__)
 
 NETWORKING_PREFIX = "/apis/networking.k8s.io/v1"
+COORDINATION_PREFIX = "/apis/coordination.k8s.io/v1"
 
 
 class KubeIO:
@@ -118,6 +119,20 @@ class KubeIO:
     def create_network_policy(self, namespace: str, body: Json) -> Json | None:
         path = f"{NETWORKING_PREFIX}/namespaces/{namespace}/networkpolicies"
         return _tolerate(409, self._request, "POST", path, body)
+
+    # --- the leader election's Lease (leader.LeaseIO) -----------------------------------------------
+
+    def read_lease(self, namespace: str, name: str) -> Json | None:
+        return _tolerate(
+            404, self._request, "GET", f"{COORDINATION_PREFIX}/namespaces/{namespace}/leases/{name}"
+        )
+
+    def create_lease(self, namespace: str, body: Json) -> Json:
+        return self._request("POST", f"{COORDINATION_PREFIX}/namespaces/{namespace}/leases", body)
+
+    def replace_lease(self, namespace: str, name: str, body: Json) -> Json:
+        """PUT with the resourceVersion read: a replica that lost a race gets 409."""
+        return self._request("PUT", f"{COORDINATION_PREFIX}/namespaces/{namespace}/leases/{name}", body)
 
     def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> Json | None:
         """Deletes exactly the pod observed (uid precondition), never a successor with its name."""

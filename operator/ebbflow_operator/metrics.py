@@ -63,6 +63,9 @@ class Metrics:
         )
         self.reconcile_errors = Counter("ebbflow_reconcile_errors", "Failed passes or writes.", registry=r)
         self.gpus = Gauge("ebbflow_cluster_gpus", "GPUs on usable selected nodes.", ["state"], registry=r)
+        self.leader = Gauge(
+            "ebbflow_operator_leader", "1 while this replica acts (holds the Lease).", registry=r
+        )
         self.cache_unparsable = Counter(
             "ebbflow_cache_unparsable_objects",
             "Object versions the operator could not parse and ignores (e.g. a job from a newer schema).",

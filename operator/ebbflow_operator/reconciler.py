@@ -70,9 +70,17 @@ class Reconciler:
     """Runs passes: on demand (`trigger`, from watch events) and every `resync_interval` seconds."""
 
     def __init__(
-        self, io: ClusterIO, config: OperatorConfig, metrics: Metrics, policy: Policy | None = None
+        self,
+        io: ClusterIO,
+        config: OperatorConfig,
+        metrics: Metrics,
+        policy: Policy | None = None,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
+        """`leading` gates every pass: a standby replica (leader.Elector) keeps its cache warm from
+        the watches and writes nothing."""
         self.io = io
+        self.leading = leading
         self.config = config
         self.metrics = metrics
         self.policy: Policy = policy or PriorityFairShare()
@@ -139,6 +147,10 @@ class Reconciler:
             self._wake.clear()
             started = self._first_trigger or time.monotonic()
             self._first_trigger = None
+            if not self.leading():
+                self.last_pass_at = time.monotonic()  # a standby is healthy without passes
+                self._listed_at = 0.0  # relist first on becoming the leader
+                continue
             try:
                 if time.monotonic() - self._listed_at > self.config.relist_interval:
                     self.relist()

@@ -125,7 +125,9 @@ def test_helm_lint_is_clean(helm: str, values: Json) -> None:
     ("flag", "value"),
     [
         pytest.param("replicas=abc", "replicas", id="replicas-not-a-number"),
-        pytest.param("replicas=2", "replicas", id="replicas-above-one"),
+        pytest.param("replicas=2", "replicas", id="replicas-above-one-without-leader-election"),
+        pytest.param("leaderElection.enabled=maybe", "leaderElection.enabled", id="leader-election-switch"),
+        pytest.param("leaderElection.leaseDuration=0", "leaderElection.leaseDuration", id="lease-zero"),
         pytest.param("image.pullPolicy=Sometimes", "image.pullPolicy", id="pull-policy-enum"),
         pytest.param("operator.logLevel=LOUD", "operator.logLevel", id="log-level-enum"),
         pytest.param("operator.pendingTimeout=soon", "operator.pendingTimeout", id="timer-type"),
@@ -346,6 +348,11 @@ DEFAULT_ARGS = [
     "--metrics-port=8080",
     "--health-port=8081",
     "--log-level=INFO",
+    "--leader-elect=false",
+    f"--leader-election-namespace={NAMESPACE}",
+    "--lease-duration=15",
+    "--renew-deadline=10",
+    "--retry-period=2",
 ]
 
 
@@ -373,6 +380,12 @@ DEFAULT_ARGS = [
                     "healthPort": 9091,
                     "logLevel": "DEBUG",
                 },
+                "leaderElection": {
+                    "enabled": True,
+                    "leaseDuration": 30,
+                    "renewDeadline": 20,
+                    "retryPeriod": 4,
+                },
                 "trainer": {"serviceAccount": {"create": False}},
             },
             [
@@ -385,6 +398,11 @@ DEFAULT_ARGS = [
                 "--metrics-port=9090",
                 "--health-port=9091",
                 "--log-level=DEBUG",
+                "--leader-elect=true",
+                f"--leader-election-namespace={NAMESPACE}",
+                "--lease-duration=30",
+                "--renew-deadline=20",
+                "--retry-period=4",
             ],
             id="every-flag-set",
         ),
@@ -414,6 +432,9 @@ def test_chart_passes_every_operator_flag_with_the_operators_defaults(helm: str)
     trainer_accounts = rendered.pop("trainer_service_account")
     assert trainer_accounts == [(NAMESPACE, "ebbflow-trainer")]
     defaults.pop("trainer_service_account")
+    # The Lease lives in the release's namespace (the operator's default: $POD_NAMESPACE, else default).
+    assert rendered.pop("leader_election_namespace") == NAMESPACE
+    defaults.pop("leader_election_namespace")
     assert rendered == defaults, "values.yaml's operator defaults differ from the operator's own"
 
 
@@ -709,3 +730,20 @@ def test_notes_render(helm: str, tmp_path: Path, values: Json, expected: list[st
     for fragment in expected:
         assert fragment in text, f"{fragment!r} not in NOTES:\n{text}"
     assert ("keeps the CRD" in text) is values.get("crds", {}).get("keep", True)
+
+
+def test_leader_election_runs_replicas_with_a_lease_role_in_the_release_namespace(helm: str) -> None:
+    docs = render(helm, {"replicas": 2, "leaderElection": {"enabled": True}})
+    [deployment] = kinds(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert "--leader-elect=true" in args_of(docs)
+    [role] = [r for r in kinds(docs, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert rules_of(role) == {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
+    [binding] = [b for b in kinds(docs, "RoleBinding") if b["metadata"]["name"] == role["metadata"]["name"]]
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    off = render(helm)
+    assert not [r for r in kinds(off, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    assert kinds(off, "Deployment")[0]["spec"]["strategy"]["type"] == "Recreate"

@@ -84,6 +84,13 @@ trainer.rbac.namespaces, or else the release namespace plus watchNamespaces.
 - {{ printf "--metrics-port=%v" $operator.metricsPort | quote }}
 - {{ printf "--health-port=%v" $operator.healthPort | quote }}
 - {{ printf "--log-level=%s" $operator.logLevel | quote }}
+{{- with .Values.leaderElection }}
+- {{ printf "--leader-elect=%t" .enabled | quote }}
+- {{ printf "--leader-election-namespace=%s" $.Release.Namespace | quote }}
+- {{ printf "--lease-duration=%v" .leaseDuration | quote }}
+- {{ printf "--renew-deadline=%v" .renewDeadline | quote }}
+- {{ printf "--retry-period=%v" .retryPeriod | quote }}
+{{- end }}
 {{- if .Values.trainer.serviceAccount.create }}
 {{- $name := .Values.trainer.serviceAccount.name }}
 {{- range include "ebbflow.trainerNamespaces" . | fromJsonArray }}
