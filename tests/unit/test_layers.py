@@ -320,6 +320,15 @@ DECISION_MODULES = [
     "throughput",
     "loss_curve",
     "policies",
+    # The simulator runs the policies above; it must never reach the Kubernetes I/O layer.
+    "sim",
+    "sim.trace",
+    "sim.cluster",
+    "sim.state",
+    "sim.allocation",
+    "sim.engine",
+    "sim.plots",
+    "sim.cli",
 ]
 if (PACKAGE_DIRS["ebbflow_operator"] / "decide.py").exists():
     DECISION_MODULES.append("decide")

@@ -1,0 +1,119 @@
+"""What the simulator asks of a policy, built the way the operator's `decide` builds it, and the baselines.
+
+Elastic policies (`fair`, `goodput`, `quality`) are the operator's own classes: each pass gets one
+`Demand` per arrived, unfinished job (its bounds, priority, arrival as `created`, the nodes its
+running workers sit on as `current_nodes`) and every live node's advertised GPUs as free (every
+running worker is movable, as `decide` counts it), then `allocate()`. `decide._demand` itself takes
+Kubernetes objects (a Job and its Pods), so the same fields are filled here from the trace.
+
+Rigid baselines keep a running job's size and nodes until it ends or loses a node:
+- `static`: a gang; a waiting job starts only when all its max workers fit;
+- `restart`: Kubeflow-style; a waiting job starts with as many workers as fit (>= min, <= max)
+  and keeps that size.
+Both serve waiting jobs by priority then arrival, skipping (backfilling past) those that do not fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ..allocator import Demand, Packing, Policy, PriorityFairShare
+from ..model import JobKey
+from ..policies import GoodputPolicy, JobMetrics, NodeDevices, QualityPolicy, SlicedPacking
+from .state import JobState
+
+NAMESPACE = "sim"
+ELASTIC = ("fair", "goodput", "quality")
+RIGID = ("static", "restart")
+POLICIES = (*RIGID, *ELASTIC)
+
+
+def key_of(state: JobState) -> JobKey:
+    return (NAMESPACE, state.job.name)
+
+
+def demand(state: JobState, eligible: frozenset[str]) -> Demand:
+    job = state.job
+    return Demand(
+        key=key_of(state),
+        min=job.min_workers,
+        max=job.max_workers,
+        gpus_per_worker=job.gpus_per_worker,
+        eligible=eligible,
+        priority=job.priority,
+        created=job.arrival_s,
+        current_nodes=tuple(sorted(state.workers)),
+    )
+
+
+def metrics(state: JobState, rescale_pause_s: float) -> JobMetrics:
+    """What the trainers of this job have reported so far (see `JobState.measure`, `report_loss`)."""
+    return JobMetrics(
+        global_batch=state.job.global_batch,
+        virtual_nodes=state.job.virtual_nodes,
+        measurements=tuple(state.shapes.values()),
+        rescale_pause_s=rescale_pause_s,
+        rescales=state.rescales,
+        losses=tuple(state.losses),
+        step=state.steps,
+    )
+
+
+def elastic_policy(
+    name: str,
+    states: Sequence[JobState],
+    devices: Mapping[str, NodeDevices],
+    now: float,
+    rescale_pause_s: float,
+) -> Policy:
+    if name == "fair":
+        return PriorityFairShare()
+    info = {key_of(s): metrics(s, rescale_pause_s) for s in states}
+    if name == "goodput":
+        return GoodputPolicy(metrics=info, devices=devices, now=now)
+    if name == "quality":
+        return QualityPolicy(metrics=info, devices=devices, now=now)
+    raise ValueError(f"unknown elastic policy {name!r}")
+
+
+def rigid_allocate(
+    name: str, states: Sequence[JobState], demands: Sequence[Demand], free: Mapping[str, int]
+) -> dict[JobKey, int]:
+    """`static` or `restart`: running jobs keep their workers; waiting ones start if they fit."""
+    packing = Packing(free)
+    running = [(s, d) for s, d in zip(states, demands, strict=True) if s.workers]
+    waiting = [(s, d) for s, d in zip(states, demands, strict=True) if not s.workers]
+    for _, d in running:
+        for _ in d.current_nodes:
+            packing.place(d)
+    waiting.sort(key=lambda sd: (-sd[1].priority, sd[1].created, sd[1].key))
+    for _, d in waiting:
+        need = d.max if name == "static" else d.min
+        gang = Demand(d.key, need, d.max, d.gpus_per_worker, d.eligible, d.priority, d.created)
+        if not packing.place_min(gang):
+            continue
+        while name == "restart" and packing.count(d.key) < d.max and packing.place(gang):
+            pass
+    return {d.key: packing.count(d.key) for d in demands}
+
+
+class Placer(SlicedPacking):
+    """The placement the engine applies: the policy's counts, running workers kept where they are
+    (every job's kept workers are placed before anyone grows), growth by the policies' own packing.
+    A job whose growth does not reach its min here gets 0 (the policy's own packing order differs)."""
+
+    def nodes_of(self, key: JobKey) -> list[str]:
+        return list(self._placed.get(key, ()))
+
+    def apply(self, demands: Sequence[Demand], counts: Mapping[JobKey, int]) -> dict[JobKey, list[str]]:
+        ordered = sorted(demands, key=lambda d: (-d.priority, d.created, d.key))
+        for d in ordered:
+            for _ in range(min(counts.get(d.key, 0), len(d.current_nodes))):
+                self.place(d)
+        for d in ordered:
+            want = counts.get(d.key, 0)
+            while self.count(d.key) < want and self.place(d):
+                pass
+            if 0 < self.count(d.key) < d.min:
+                self.withdraw(d)
+        return {d.key: self.nodes_of(d.key) for d in demands}

@@ -1,0 +1,334 @@
+"""The discrete-event loop: jobs arrive, train, finish; spot nodes vanish and come back; policies decide.
+
+Events: arrivals, completions (computed from each running job's rate), node preemptions and
+additions, a loss snapshot at the cutoff, and allocation passes. A pass runs after any event that
+changes demand or capacity (coalesced over `debounce_s`, like the operator's debounce) and at least
+every `tick_s` while jobs remain (the operator's resync). A pass calls the policy's `allocate()`
+with the demands `allocation.demand` builds, places the counts (`Placer`) and charges:
+- a resize of a running job (count or nodes changed): `rescale_pause_s` without progress (the
+  trainer's measured pause is 1.4-6 s; 5 s by default), counted in `rescales`;
+- a (re)start after losing every worker: `restart_s` (pods rescheduled, checkpoint loaded);
+- a preemption: rigid jobs lose every worker and roll back to their last checkpoint; elastic jobs
+  lose the preempted node's workers and pause once, unless fewer than min survive (then they
+  stop: survivors hand over a checkpoint; none left rolls back).
+A first start costs nothing, so a lone job finishes at exactly work / goodput.
+
+Invariants: time only moves forward; allocated GPUs never exceed a node's advertised GPUs; the
+result depends only on the jobs, the config and the seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..throughput import Placement
+from .allocation import ELASTIC, POLICIES, Placer, demand, elastic_policy, key_of, rigid_allocate
+from .cluster import ClusterConfig, initial_nodes, lifetime_s, replacement
+from .state import JobState
+from .trace import SimJob
+
+NODE_DOWN, NODE_UP, ARRIVAL, SNAPSHOT, PASS = range(5)
+MAX_SIM_S = 365 * 86400.0  # give up on jobs still unfinished after a simulated year
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    seed: int = 0
+    rescale_pause_s: float = 5.0
+    restart_s: float = 60.0
+    checkpoint_s: float = 1800.0
+    tick_s: float = 60.0
+    debounce_s: float = 0.0
+    loss_cutoff_s: float | None = None  # default: the last arrival
+
+
+@dataclass
+class Result:
+    """One policy's run: per-job completion times and the cluster's accounting."""
+
+    policy: str
+    jct_s: list[float]
+    makespan_s: float
+    busy_gpu_s: float
+    capacity_gpu_s: float
+    preemptions: int
+    rescales: int
+    loss_at_cutoff: list[float]
+    unfinished: int
+    utilization: list[tuple[float, float]]  # (time, busy/capacity) after each change
+
+    def summary(self) -> dict[str, float | int | str]:
+        jct = sorted(self.jct_s)
+        p99 = jct[max(0, math.ceil(0.99 * len(jct)) - 1)] if jct else 0.0
+        return {
+            "policy": self.policy,
+            "jobs": len(jct) + self.unfinished,
+            "unfinished": self.unfinished,
+            "avg_jct_s": round(sum(jct) / len(jct), 3) if jct else 0.0,
+            "p99_jct_s": round(p99, 3),
+            "makespan_s": round(self.makespan_s, 3),
+            "gpu_utilization": round(self.busy_gpu_s / self.capacity_gpu_s, 4)
+            if self.capacity_gpu_s
+            else 0.0,
+            "preemptions": self.preemptions,
+            "rescales": self.rescales,
+            "mean_normalized_loss_at_end": round(sum(self.loss_at_cutoff) / len(self.loss_at_cutoff), 4)
+            if self.loss_at_cutoff
+            else 0.0,
+        }
+
+
+class Simulation:
+    """One policy over one trace and cluster; `run()` once."""
+
+    def __init__(self, jobs: Sequence[SimJob], policy: str, config: SimConfig) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+        self.policy = policy
+        self.config = config
+        self.devices = config.cluster.devices()
+        self.states = {j.name: JobState(j) for j in jobs}
+        self.arrived: dict[str, JobState] = {}  # arrived and unfinished, in arrival order
+        self.nodes: dict[str, bool] = {}  # live node -> spot
+        self.used: dict[str, int] = {}
+        self.now = 0.0
+        self.events: list[tuple[float, int, int, str]] = []
+        self.serial = 0
+        self.pending_pass: float | None = None
+        self.busy = 0
+        self.busy_gpu_s = 0.0
+        self.capacity_gpu_s = 0.0
+        self.preemptions = 0
+        self.loss_at_cutoff: list[float] = []
+        self.utilization: list[tuple[float, float]] = []
+
+    # --- events ----------------------------------------------------------------------------------
+
+    def _push(self, time_s: float, kind: int, name: str) -> None:
+        self.serial += 1
+        heapq.heappush(self.events, (time_s, kind, self.serial, name))
+
+    def preempt_at(self, time_s: float, node: str) -> None:
+        """Schedules a preemption of `node` (for tests and scripted scenarios; call before `run`)."""
+        self._push(time_s, NODE_DOWN, node)
+
+    def _request_pass(self, at: float) -> None:
+        if self.pending_pass is None or at < self.pending_pass:
+            self.pending_pass = at
+            self._push(at, PASS, "")
+
+    def _add_node(self, name: str, spot: bool) -> None:
+        self.nodes[name] = spot
+        self.used[name] = 0
+        life = lifetime_s(self.config.cluster, self.config.seed, name) if spot else None
+        if life is not None:
+            self._push(self.now + life, NODE_DOWN, name)
+
+    def _start(self) -> None:
+        for name, spot in initial_nodes(self.config.cluster).items():
+            self._add_node(name, spot)
+        for state in self.states.values():
+            self._push(state.job.arrival_s, ARRIVAL, state.job.name)
+        last = max((s.job.arrival_s for s in self.states.values()), default=0.0)
+        cutoff = self.config.loss_cutoff_s
+        self._push(last if cutoff is None else cutoff, SNAPSHOT, "")
+        self._account()
+
+    def run(self) -> Result:
+        self._start()
+        unfinished = len(self.states)
+        while unfinished and self.now < MAX_SIM_S:
+            done_at, done = self._next_completion()
+            if done is not None and (not self.events or done_at <= self.events[0][0]):
+                self._advance(done_at)
+                self._complete(done)
+                unfinished -= 1
+                continue
+            if not self.events:
+                break
+            time_s, kind, _, name = heapq.heappop(self.events)
+            self._advance(time_s)
+            self._handle(kind, name)
+        return self._result()
+
+    def _handle(self, kind: int, name: str) -> None:
+        if kind == NODE_DOWN:
+            self._preempt(name)
+        elif kind == NODE_UP:
+            self._add_node(name, True)
+            self._changed()
+            self._request_pass(self.now + self.config.debounce_s)
+        elif kind == ARRIVAL:
+            self.arrived[name] = self.states[name]
+            self._request_pass(self.now + self.config.debounce_s)
+        elif kind == SNAPSHOT:
+            self.loss_at_cutoff = [
+                s.normalised_loss() for s in self.states.values() if s.job.arrival_s <= self.now
+            ]
+        elif kind == PASS and self.pending_pass == self.now:
+            self.pending_pass = None
+            self._pass()
+            if self.arrived:
+                self._request_pass(self.now + self.config.tick_s)
+
+    def _next_completion(self) -> tuple[float, str | None]:
+        best, name = math.inf, None
+        for state in self.arrived.values():
+            if state.workers:
+                at = state.finish_time(self.now)
+                if at < best:
+                    best, name = at, state.job.name
+        return best, name
+
+    def _advance(self, to: float) -> None:
+        """Trains every running job up to `to` and integrates the utilisation."""
+        if to <= self.now:
+            return
+        for state in self.arrived.values():
+            state.advance(self.now, to, self.config.checkpoint_s)
+        dt = to - self.now
+        self.busy_gpu_s += self.busy * dt
+        self.capacity_gpu_s += len(self.nodes) * self.devices.physical * dt
+        self.now = to
+
+    def _complete(self, name: str) -> None:
+        state = self.arrived.pop(name)
+        state.progress = state.job.work_samples
+        state.report_loss()
+        state.finished_s = self.now
+        state.workers = []
+        self._changed()
+        self._request_pass(self.now + self.config.debounce_s)
+
+    # --- preemptions -----------------------------------------------------------------------------
+
+    def _preempt(self, node: str) -> None:
+        if node not in self.nodes:
+            return
+        del self.nodes[node]
+        del self.used[node]
+        self._push(self.now + self.config.cluster.replace_delay_s, NODE_UP, replacement(node))
+        for state in self.arrived.values():
+            if node in state.workers:
+                state.preemptions += 1
+                self.preemptions += 1
+                self._lose(state, [w for w in state.workers if w != node])
+        self._changed()
+        self._request_pass(self.now + self.config.debounce_s)
+
+    def _lose(self, state: JobState, survivors: list[str]) -> None:
+        if self.policy in ELASTIC and len(survivors) >= state.job.min_workers:
+            state.workers = survivors
+            state.paused_until = self.now + self.config.rescale_pause_s
+            state.rescales += 1
+            return
+        if self.policy in ELASTIC and survivors:
+            state.hand_over()
+        else:
+            state.roll_back()
+        state.workers = []
+
+    # --- allocation ------------------------------------------------------------------------------
+
+    def _pass(self) -> None:
+        states = list(self.arrived.values())
+        if not states:
+            return
+        eligible = frozenset(self.nodes)
+        demands = [demand(s, eligible) for s in states]
+        free = {n: self.devices.replicas for n in self.nodes}
+        if self.policy in ELASTIC:
+            devices = dict.fromkeys(self.nodes, self.devices)
+            policy = elastic_policy(self.policy, states, devices, self.now, self.config.rescale_pause_s)
+            counts = policy.allocate(demands, free)
+        else:
+            devices = dict.fromkeys(self.nodes, self.devices)
+            counts = rigid_allocate(self.policy, states, demands, free)
+        placed = Placer(free, devices).apply(demands, counts)
+        changed = False
+        for state in states:
+            changed |= self._move(state, placed[key_of(state)])
+        if changed:
+            self._changed()
+
+    def _move(self, state: JobState, nodes: list[str]) -> bool:
+        """Applies a job's new nodes; charges a start, a rescale or a hand-over."""
+        if sorted(nodes) == sorted(state.workers):
+            return False
+        if not state.workers:
+            state.paused_until = self.now + (self.config.restart_s if state.lost_state else 0.0)
+            state.lost_state = False
+            if state.started_s is None:
+                state.started_s = self.now
+                state.report_loss()
+        elif not nodes:
+            state.hand_over()
+        else:
+            state.paused_until = self.now + self.config.rescale_pause_s
+            state.rescales += 1
+        state.workers = nodes
+        return True
+
+    def _changed(self) -> None:
+        """Recomputes node usage, every running job's rate, and the utilisation after a change."""
+        self.used = dict.fromkeys(self.nodes, 0)
+        for state in self.arrived.values():
+            for node in state.workers:
+                self.used[node] += state.job.gpus_per_worker
+        for state in self.arrived.values():
+            self._rate(state)
+        self._account()
+
+    def _rate(self, state: JobState) -> None:
+        if not state.workers:
+            state.rate = 0.0
+            return
+        distinct = set(state.workers)
+        share = max(max(1.0, self.used[n] / self.devices.physical) for n in distinct)
+        placement = Placement(len(state.workers), len(distinct), share)
+        model = state.job.model()
+        state.rate = model.goodput(placement)
+        state.measure(placement, model.step_s(placement))
+
+    def _account(self) -> None:
+        physical = self.devices.physical
+        self.busy = sum(min(used, physical) for used in self.used.values())
+        capacity = len(self.nodes) * physical
+        self.utilization.append((self.now, self.busy / capacity if capacity else 0.0))
+
+    def _result(self) -> Result:
+        done = [s for s in self.states.values() if s.finished_s is not None]
+        first = min((s.job.arrival_s for s in self.states.values()), default=0.0)
+        return Result(
+            policy=self.policy,
+            jct_s=[s.finished_s - s.job.arrival_s for s in done if s.finished_s is not None],
+            makespan_s=max((s.finished_s or 0.0 for s in done), default=first) - first,
+            busy_gpu_s=self.busy_gpu_s,
+            capacity_gpu_s=self.capacity_gpu_s,
+            preemptions=self.preemptions,
+            rescales=sum(s.rescales for s in self.states.values()),
+            loss_at_cutoff=self.loss_at_cutoff,
+            unfinished=len(self.states) - len(done),
+            utilization=self.utilization,
+        )
+
+
+def simulate(jobs: Sequence[SimJob], policy: str, config: SimConfig) -> Result:
+    return Simulation(jobs, policy, config).run()
+
+
+def unschedulable(jobs: Sequence[SimJob], cluster: ClusterConfig, policy: str) -> list[SimJob]:
+    """Jobs that could never start on this cluster (static needs max, the rest min, GPUs on the
+    on-demand-plus-spot nodes); the CLI refuses them rather than waiting forever."""
+    total = cluster.nodes * cluster.gpus_per_node * cluster.replicas
+    per_node = cluster.gpus_per_node * cluster.replicas
+    out = []
+    for job in jobs:
+        workers = job.max_workers if policy == "static" else job.min_workers
+        if workers * job.gpus_per_worker > total or job.gpus_per_worker > per_node:
+            out.append(job)
+    return out

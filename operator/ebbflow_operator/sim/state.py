@@ -1,0 +1,105 @@
+"""One simulated job's mutable state: progress, checkpoints, workers, and what its trainers would report.
+
+Progress is in samples; a job runs at its true goodput (`SimJob.model()`) at its current placement,
+except while paused (a rescale or a restart), when it holds its GPUs and makes no progress.
+Checkpoints are taken every `checkpoint_s` seconds of active (unpaused) time; losing every worker
+rolls progress back to the last one. Reports mirror the trainers' contract: one throughput
+measurement per distinct shape the job ran at, and (step, loss) points at geometric step
+milestones (so the history is short and starts at step 0, as the loss fit needs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..throughput import Measurement, Placement, slowdown, step_shape
+from .trace import SimJob
+
+REPORT_GROWTH = 1.25  # next loss report when the step count has grown by this factor
+MAX_SHAPES = 8  # throughput measurements kept per job (the latest distinct shapes)
+
+
+@dataclass
+class JobState:
+    job: SimJob
+    progress: float = 0.0
+    checkpoint: float = 0.0
+    active_since_checkpoint: float = 0.0
+    workers: list[str] = field(default_factory=list)  # one node name per worker
+    rate: float = 0.0  # samples/s at the current placement
+    paused_until: float = 0.0
+    started_s: float | None = None
+    finished_s: float | None = None
+    rescales: int = 0
+    preemptions: int = 0
+    lost_samples: float = 0.0  # work thrown away by roll-backs
+    lost_state: bool = False  # the next start restores a checkpoint (pays the restart cost)
+    shapes: dict[tuple[int, int, float], Measurement] = field(default_factory=dict)
+    losses: list[tuple[float, float]] = field(default_factory=list)
+    next_report: float = 0.0
+
+    @property
+    def steps(self) -> float:
+        return self.progress / self.job.global_batch
+
+    @property
+    def done(self) -> bool:
+        return self.finished_s is not None
+
+    def normalised_loss(self) -> float:
+        return self.job.loss.loss(self.steps)
+
+    def finish_time(self, now: float) -> float:
+        """When the job completes at its current rate (inf when it is not running)."""
+        if self.rate <= 0 or not self.workers:
+            return float("inf")
+        return max(now, self.paused_until) + max(0.0, self.job.work_samples - self.progress) / self.rate
+
+    def advance(self, start: float, end: float, checkpoint_s: float) -> None:
+        """Trains from `start` to `end` (skipping the paused part), checkpointing on schedule."""
+        begin = max(start, self.paused_until)
+        if self.rate <= 0 or not self.workers or end <= begin:
+            return
+        active = end - begin
+        total = self.active_since_checkpoint + active
+        if checkpoint_s > 0 and total >= checkpoint_s:
+            taken = int(total // checkpoint_s)
+            first = checkpoint_s - self.active_since_checkpoint
+            done_at = self.progress + self.rate * (first + checkpoint_s * (taken - 1))
+            self.checkpoint = min(self.job.work_samples, done_at)
+            self.active_since_checkpoint = total - taken * checkpoint_s
+        else:
+            self.active_since_checkpoint = total
+        self.progress = min(self.job.work_samples, self.progress + self.rate * active)
+        self.report_loss()
+
+    def report_loss(self) -> None:
+        if self.steps >= self.next_report:
+            self.losses.append((self.steps, self.job.loss.loss(self.steps)))
+            self.next_report = max(self.steps * REPORT_GROWTH, self.steps + 1.0)
+
+    def roll_back(self) -> None:
+        """Every worker is gone without a handover: back to the last checkpoint."""
+        self.lost_samples += self.progress - self.checkpoint
+        self.progress = self.checkpoint
+        self.active_since_checkpoint = 0.0
+        self.lost_state = True
+        self.next_report = self.steps
+
+    def hand_over(self) -> None:
+        """A graceful stop (SIGTERM): the trainers write a checkpoint before they exit."""
+        self.checkpoint = self.progress
+        self.active_since_checkpoint = 0.0
+
+    def measure(self, placement: Placement, step_s: float) -> None:
+        """Records what the trainers report at this placement (the true model, no noise)."""
+        micro, accum = step_shape(self.job.global_batch, self.job.virtual_nodes, placement.workers)
+        key = (placement.workers, placement.nodes, placement.share)
+        if key in self.shapes:
+            return
+        compute = self.job.params.compute_s(micro) * slowdown(placement.share)
+        self.shapes[key] = Measurement(
+            placement.workers, micro, step_s, compute, placement.nodes, accum, placement.share
+        )
+        while len(self.shapes) > MAX_SHAPES:
+            self.shapes.pop(next(iter(self.shapes)))

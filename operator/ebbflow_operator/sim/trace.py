@@ -1,0 +1,211 @@
+"""Job traces for the simulator: a seeded synthetic generator shaped like published cluster traces, and CSV.
+
+Shapes (Philly, ATC'19; Helios, SC'21): most jobs ask for 1-8 GPUs and a few for 16-64 (a discrete,
+heavy-tailed size mix); run times are log-normal with a heavy tail (median tens of minutes, some
+days); arrivals are Poisson. The arrival rate is derived from an offered load (GPU-seconds asked
+over GPU-seconds available during the arrival window), so a trace stresses any cluster size alike.
+
+Each job carries its *true* models, which the engine uses to advance it and which the policies only
+see through reports: a Pollux throughput model (`ThroughputParams`; compute and sync costs drawn
+per job, so jobs scale differently) and a normalised loss curve loss(k) = b / (k + b) (1 at step 0,
+halved after b steps). Invariants: the same config and seed give the same jobs; CSV round-trips
+exactly (floats written with repr).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, fields, replace
+
+from ..loss_curve import LossCurve
+from ..throughput import JobModel, Placement, ThroughputParams
+
+# GPUs a job asks for, with probabilities (Philly: ~80 % of jobs use <= 8 GPUs, a few use 32+).
+SIZE_MIX: tuple[tuple[int, float], ...] = (
+    (1, 0.40),
+    (2, 0.15),
+    (4, 0.15),
+    (8, 0.18),
+    (16, 0.07),
+    (32, 0.03),
+    (64, 0.02),
+)
+MICRO_BATCH = 32  # samples per virtual node
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One job of a trace: its request and its true throughput and loss models."""
+
+    name: str
+    arrival_s: float
+    min_workers: int
+    max_workers: int
+    gpus_per_worker: int
+    work_samples: float  # samples to train before it finishes
+    global_batch: int
+    virtual_nodes: int
+    priority: int
+    alpha_c: float
+    beta_c: float
+    alpha_local: float
+    beta_local: float
+    alpha_net: float
+    beta_net: float
+    gamma: float
+    loss_b: float  # steps to halve the normalised loss
+
+    @property
+    def params(self) -> ThroughputParams:
+        return ThroughputParams(
+            self.alpha_c,
+            self.beta_c,
+            self.alpha_local,
+            self.beta_local,
+            self.alpha_net,
+            self.beta_net,
+            self.gamma,
+        )
+
+    def model(self) -> JobModel:
+        return JobModel(self.params, self.global_batch, self.virtual_nodes)
+
+    @property
+    def loss(self) -> LossCurve:
+        return LossCurve(a=self.loss_b, b=self.loss_b, c=0.0, scale=1.0)
+
+    @property
+    def total_steps(self) -> float:
+        return self.work_samples / self.global_batch
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    """The generator's parameters (documented in docs/simulator.md)."""
+
+    jobs: int = 200
+    gpus: int = 512
+    load: float = 2.0  # offered GPU-seconds / available GPU-seconds over the arrival window
+    median_duration_s: float = 3600.0  # at the job's max size, exclusive devices
+    duration_sigma: float = 1.0  # log-normal sigma (heavy tail)
+    min_duration_s: float = 60.0
+    max_duration_s: float = 12 * 3600.0
+    elastic_min_fraction: float = 0.25  # min workers = ceil(max * this)
+    priorities: int = 1  # levels 0..priorities-1, uniform
+
+
+def _size(rnd: random.Random) -> int:
+    sizes = [size for size, _ in SIZE_MIX]
+    return int(rnd.choices(sizes, weights=[w for _, w in SIZE_MIX])[0])
+
+
+def _job(rnd: random.Random, index: int, config: TraceConfig) -> SimJob:
+    """A job without its arrival time: size, scaling, work and loss curve."""
+    gpus = min(_size(rnd), config.gpus)
+    workers = gpus
+    duration = math.exp(rnd.gauss(math.log(config.median_duration_s), config.duration_sigma))
+    duration = min(max(duration, config.min_duration_s), config.max_duration_s)
+    partial = SimJob(
+        name=f"job-{index:05d}",
+        arrival_s=0.0,
+        min_workers=max(1, math.ceil(workers * config.elastic_min_fraction)),
+        max_workers=workers,
+        gpus_per_worker=1,
+        work_samples=0.0,
+        global_batch=MICRO_BATCH * workers,
+        virtual_nodes=workers,
+        priority=rnd.randrange(max(1, config.priorities)),
+        alpha_c=0.005,
+        beta_c=0.001 * rnd.uniform(0.5, 4.0),  # compute per sample: model size
+        alpha_local=0.005 * rnd.uniform(0.5, 2.0),
+        beta_local=0.0005 * rnd.uniform(0.5, 2.0),
+        alpha_net=0.02 * rnd.uniform(0.25, 8.0),  # gradient size / network: scaling differs per job
+        beta_net=0.002 * rnd.uniform(0.25, 4.0),
+        gamma=rnd.uniform(1.0, 3.0),
+        loss_b=1.0,
+    )
+    nodes = max(1, math.ceil(gpus / 8))
+    rate = partial.model().goodput(Placement(workers, nodes))
+    work = duration * rate
+    steps = work / partial.global_batch
+    return replace(partial, work_samples=work, loss_b=steps * rnd.uniform(0.05, 0.5))
+
+
+def generate(config: TraceConfig, seed: int) -> list[SimJob]:
+    """`config.jobs` jobs with Poisson arrivals at the rate that offers `config.load`."""
+    rnd = random.Random(seed)
+    jobs = [_job(rnd, i, config) for i in range(config.jobs)]
+    gpu_seconds = sum(j.max_workers * j.gpus_per_worker * j.work_samples / _rate(j) for j in jobs)
+    window = gpu_seconds / (config.load * max(1, config.gpus))
+    rate = len(jobs) / window if window > 0 else 1.0
+    now = 0.0
+    out = []
+    for job in jobs:
+        out.append(replace(job, arrival_s=now))
+        now += rnd.expovariate(rate)
+    return out
+
+
+def _rate(job: SimJob) -> float:
+    nodes = max(1, math.ceil(job.max_workers * job.gpus_per_worker / 8))
+    return max(job.model().goodput(Placement(job.max_workers, nodes)), 1e-9)
+
+
+COLUMNS = tuple(f.name for f in fields(SimJob))
+_INTS = {"min_workers", "max_workers", "gpus_per_worker", "global_batch", "virtual_nodes", "priority"}
+
+
+def write_csv(jobs: Iterable[SimJob]) -> str:
+    """The trace as CSV text, one row per job, columns `COLUMNS` (floats exact)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for job in jobs:
+        writer.writerow(
+            [repr(getattr(job, c)) if c not in _INTS | {"name"} else getattr(job, c) for c in COLUMNS]
+        )
+    return out.getvalue()
+
+
+def read_csv(text: str) -> list[SimJob]:
+    """Parses `write_csv`'s format; a missing column or bad value raises ValueError naming it."""
+    reader = csv.DictReader(io.StringIO(text))
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+    if missing:
+        raise ValueError(f"trace CSV lacks columns: {', '.join(missing)}")
+    jobs = []
+    for line, row in enumerate(reader, start=2):
+        values: dict[str, object] = {}
+        for column in COLUMNS:
+            try:
+                values[column] = _parse(column, row[column])
+            except ValueError as error:
+                raise ValueError(f"trace CSV line {line}, column {column}: {error}") from error
+        job = SimJob(**values)  # type: ignore[arg-type]
+        _check(job, line)
+        jobs.append(job)
+    return sorted(jobs, key=lambda j: (j.arrival_s, j.name))
+
+
+def _parse(column: str, raw: str) -> object:
+    if column == "name":
+        if not raw:
+            raise ValueError("empty")
+        return raw
+    if column in _INTS:
+        return int(raw)
+    value = float(raw)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{raw!r} is not a finite number >= 0")
+    return value
+
+
+def _check(job: SimJob, line: int) -> None:
+    if not 1 <= job.min_workers <= job.max_workers:
+        raise ValueError(f"trace CSV line {line}: need 1 <= min_workers <= max_workers")
+    if job.global_batch < 1 or job.virtual_nodes < 1 or job.loss_b <= 0 or job.gpus_per_worker < 0:
+        raise ValueError(f"trace CSV line {line}: global_batch, virtual_nodes, loss_b must be > 0")

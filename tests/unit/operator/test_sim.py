@@ -1,0 +1,164 @@
+"""The simulator (`ebbflow_operator.sim`): exact outcomes of small scenarios, determinism, CSV, flags."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from ebbflow_operator.sim import cli
+from ebbflow_operator.sim.cluster import ClusterConfig
+from ebbflow_operator.sim.engine import SimConfig, Simulation
+from ebbflow_operator.sim.trace import SimJob, TraceConfig, generate, read_csv, write_csv
+from ebbflow_operator.throughput import Placement
+
+
+def job(name: str = "a", arrival: float = 0.0, lo: int = 1, hi: int = 4, seconds: float = 1000.0) -> SimJob:
+    """A job that takes `seconds` on `hi` workers on one node."""
+    base = SimJob(
+        name=name,
+        arrival_s=arrival,
+        min_workers=lo,
+        max_workers=hi,
+        gpus_per_worker=1,
+        work_samples=1.0,
+        global_batch=32 * hi,
+        virtual_nodes=hi,
+        priority=0,
+        alpha_c=0.005,
+        beta_c=0.001,
+        alpha_local=0.005,
+        beta_local=0.0005,
+        alpha_net=0.02,
+        beta_net=0.001,
+        gamma=2.0,
+        loss_b=100.0,
+    )
+    return replace(base, work_samples=seconds * rate(base, hi, 1))
+
+
+def rate(j: SimJob, workers: int, nodes: int) -> float:
+    return j.model().goodput(Placement(workers, nodes))
+
+
+def config(gpus: int = 8, per_node: int = 8, spot: float = 0.0, **kw: float) -> SimConfig:
+    cluster = ClusterConfig(
+        gpus=gpus,
+        gpus_per_node=per_node,
+        spot_fraction=spot,
+        preempt_rate_per_hour=0.0,
+        replace_delay_s=400.0,
+    )
+    return SimConfig(cluster=cluster, **kw)  # type: ignore[arg-type]
+
+
+def sim(jobs: list[SimJob], policy: str, cfg: SimConfig) -> Simulation:
+    s = Simulation(jobs, policy, cfg)
+    s.run()
+    return s
+
+
+@pytest.mark.parametrize("policy", ["static", "restart", "fair", "goodput", "quality"])
+def test_a_lone_job_finishes_at_work_over_throughput(policy: str) -> None:
+    a = job(hi=4, seconds=1000.0)
+    s = sim([a], policy, config())
+    state = s.states["a"]
+    workers = s.states["a"].shapes and max(k[0] for k in state.shapes)
+    expected = a.work_samples / rate(a, workers, 1)
+    assert state.finished_s == pytest.approx(expected, rel=1e-9)
+    assert state.rescales == 0
+    if policy != "goodput":  # goodput may stop where another GPU no longer pays
+        assert workers == 4
+
+
+@pytest.mark.parametrize(
+    ("policy", "b_starts_at"),
+    [
+        pytest.param("static", 1000.0, id="static-waits-for-its-gang"),
+        pytest.param("restart", 10.0, id="restart-starts-with-what-fits"),
+    ],
+)
+def test_static_waits_for_its_gang(policy: str, b_starts_at: float) -> None:
+    a = job("a", hi=6, seconds=1000.0)
+    b = job("b", arrival=10.0, lo=2, hi=4, seconds=100.0)
+    s = sim([a, b], policy, config())
+    assert s.states["b"].started_s == pytest.approx(b_starts_at)
+    assert s.states["a"].finished_s == pytest.approx(1000.0)
+
+
+def test_restart_loses_work_to_the_checkpoint_elastic_only_the_pause() -> None:
+    """8 workers over two 4-GPU nodes; the spot one is preempted at 1500 s and replaced at 1900 s."""
+    a = job(hi=8, seconds=3000.0)
+    cfg = config(gpus=8, per_node=4, spot=0.5, checkpoint_s=1000.0, rescale_pause_s=5.0, restart_s=60.0)
+    r8, r4 = rate(a, 8, 2), rate(a, 4, 1)
+    a = replace(a, work_samples=3000.0 * r8)
+    runs = {}
+    for policy in ("restart", "fair"):
+        s = Simulation([a], policy, cfg)
+        s.preempt_at(1500.0, "node-00000")
+        s.run()
+        runs[policy] = s.states["a"]
+    assert runs["restart"].lost_samples == pytest.approx(500.0 * r8)
+    assert runs["restart"].preemptions == 1
+    elastic = runs["fair"]
+    assert elastic.lost_samples == 0.0
+    assert elastic.rescales == 2  # shrink at the preemption, grow when the node is back
+    left = a.work_samples - r8 * 1500.0 - r4 * (1900.0 - 1505.0)
+    assert elastic.finished_s == pytest.approx(1905.0 + left / r8)
+    assert runs["restart"].finished_s is not None
+    assert runs["restart"].finished_s > elastic.finished_s
+
+
+def test_same_seed_same_json(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--jobs", "12", "--gpus", "32", "--seed", "3", "--spot-preempt-rate", "0.5", "--json"]
+    cli.main(args)
+    first = capsys.readouterr().out
+    cli.main(args)
+    assert capsys.readouterr().out == first
+    assert len(first.splitlines()) == 5
+
+
+def test_trace_csv_round_trip(tmp_path: Path) -> None:
+    jobs = generate(TraceConfig(jobs=25, gpus=64), seed=7)
+    assert read_csv(write_csv(jobs)) == jobs
+    path = tmp_path / "t.csv"
+    path.write_text(write_csv(jobs))
+    [result] = cli.run(["--trace", str(path), "--gpus", "64", "--policy", "fair"])
+    assert len(result.jct_s) == 25
+
+
+def test_generator_is_heavy_tailed_and_seeded() -> None:
+    jobs = generate(TraceConfig(jobs=400, gpus=512), seed=1)
+    assert generate(TraceConfig(jobs=400, gpus=512), seed=1) == jobs
+    small = sum(j.max_workers <= 8 for j in jobs) / len(jobs)
+    assert 0.75 < small < 0.95
+    assert max(j.max_workers for j in jobs) >= 32
+    arrivals = [j.arrival_s for j in jobs]
+    assert arrivals == sorted(arrivals)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        pytest.param(["--jobs", "0"], "--jobs", id="jobs-zero"),
+        pytest.param(["--jobs", "x"], "--jobs", id="jobs-not-a-number"),
+        pytest.param(["--spot-fraction", "1.5"], "--spot-fraction", id="spot-fraction"),
+        pytest.param(["--spot-preempt-rate", "-1"], "--spot-preempt-rate", id="preempt-rate"),
+        pytest.param(["--policy", "nope"], "--policy", id="policy"),
+        pytest.param(["--gpus", "10", "--gpus-per-node", "8"], "--gpus", id="gpus-not-whole-nodes"),
+        pytest.param(["--trace", "/nonexistent.csv"], "--trace", id="trace-missing"),
+    ],
+)
+def test_bad_flags_fail_naming_the_flag(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_plot_writes_series_without_matplotlib(tmp_path: Path) -> None:
+    cli.run(["--jobs", "5", "--gpus", "16", "--policy", "fair", "--plot", str(tmp_path)])
+    assert (tmp_path / "jct_fair.csv").read_text().startswith("jct_s")
+    assert (tmp_path / "utilization_fair.csv").exists()
