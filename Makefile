@@ -11,6 +11,8 @@ KUBECONFIG_LOCAL := $(CURDIR)/.cluster/kubeconfig
 export PATH := $(TOOLS_BIN):$(PATH)
 # Sources that decide whether the editable install is current.
 INSTALL_STAMP := $(VENV)/.installed
+# In CI pip keeps no second copy of the 4.5 GB of torch wheels (a CI machine's disk is limited).
+PIP_CACHE_FLAG := $(if $(filter true,$(CI)),--no-cache-dir,)
 PYPROJECTS := pyproject.toml api/pyproject.toml operator/pyproject.toml trainer-image/pyproject.toml
 
 .PHONY: help demo install tools cluster-up cluster-down lint typecheck test test-unit test-trainer \
@@ -23,7 +25,7 @@ help: ## List every target with one line.
 $(INSTALL_STAMP): $(PYPROJECTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ./api -e ./operator -e ./trainer-image -e '.[dev]'
+	$(PY) -m pip install --quiet $(PIP_CACHE_FLAG) -e ./api -e ./operator -e ./trainer-image -e '.[dev]'
 	@touch $@
 
 install: $(INSTALL_STAMP) ## Virtualenv in .venv with an editable install and all extras.
@@ -66,8 +68,10 @@ test-integration: install tools ## Integration tier: real control plane with KWO
 test-e2e: install tools ## End-to-end tier: real pods on the kind cluster (builds and loads images; minutes cold). See e2e/.
 	$(PYTEST) e2e
 
-# CI: the e2e tier, then the kind cluster is removed whatever the outcome (a CI machine keeps no cluster).
+# CI: images and Go-built tools first, then their caches freed (hack/ci-prepare-e2e.sh: a CI machine's
+# disk is limited), then the e2e tier; the kind cluster is removed whatever the outcome.
 test-e2e-ci: install tools
+	@bash hack/ci-prepare-e2e.sh
 	@status=0; $(PYTEST) e2e || status=$$?; bash hack/kind/down.sh || true; exit $$status
 
 crds: install ## Regenerate crds/ from the API models (api/ebbflow_api/models.py).

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# CI only (`make test-e2e-ci`): builds everything the e2e tier needs before any kind cluster exists,
+# then frees Go's build and module caches and the
+# wheelhouse.
+#
+# Why: a CI machine's free disk varies (seen from under 50 GB to 80 GB). Left to the e2e fixture,
+# the trainer image is built (about 10 GB transient) while four kind nodes are up, and Go's caches
+# (about 14 GB after the Kubernetes, etcd, Prometheus and device-plugin builds) are still on disk
+# when the 4.6 GB trainer image is unpacked into the third worker: one CI run failed there with
+# "no space left on device". Built first, in this order, the peak is the largest of the steps, not
+# their sum. Every step is cached, so the fixture's own calls afterwards take seconds and build
+# nothing; nothing after this runs `go` or
+# installs from the wheelhouse. A developer machine never runs this: it keeps its caches.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+say() { echo "[ci-prepare-e2e] $* (disk free: $(df -h --output=avail . | tail -1 | tr -d ' '))" >&2; }
+
+say "kind node image"
+bash hack/kind/build-node-image.sh >/dev/null
+say "fake GPU device plugin image"
+bash hack/fake-gpu-plugin/build-image.sh >/dev/null
+say "Prometheus image"
+bash hack/build-tools.sh prometheus
+bash hack/prometheus/build-image.sh >/dev/null
+say "every Go-built tool and image exists: removing Go's build and module caches"
+go clean -cache -modcache
+say "operator and CPU trainer images"
+# The kind nodes run the CPU trainer only, as the e2e fixture builds it (devcluster/kind.py).
+TRAINER_VARIANTS=cpu bash hack/images/build-images.sh
+say "images built: removing the wheelhouse they were installed from"
+rm -rf "${EBBFLOW_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ebbflow}/wheelhouse"
+say "ready for the e2e tier"
