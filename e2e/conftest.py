@@ -18,6 +18,7 @@ import pytest
 from ebbflow_operator.devcluster.kind import (
     E2E_NAMESPACE,
     OPERATOR_DEPLOYMENT,
+    RELEASE,
     RELEASE_NAMESPACE,
     SETUP_TIMEOUT_S,
     Kind,
@@ -62,8 +63,10 @@ def operator(kind: Kind) -> Iterator[str]:
     log during the test must hold no refusal: the chart's RBAC is all it needs."""
     since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     yield OPERATOR_DEPLOYMENT
+    # Every replica's log (the leader and the standby), whole: a selector alone shows 10 lines.
+    selector = f"app.kubernetes.io/component=operator,app.kubernetes.io/instance={RELEASE}"
     log = kind.kubectl(
-        "-n", RELEASE_NAMESPACE, "logs", f"deploy/{OPERATOR_DEPLOYMENT}", f"--since-time={since}"
+        "-n", RELEASE_NAMESPACE, "logs", "-l", selector, "--tail=-1", "--prefix", f"--since-time={since}"
     )
     refused = [line for line in log.splitlines() if "forbidden" in line.lower()]
     assert not refused, "the operator was refused by RBAC:\n" + "\n".join(refused[:10])

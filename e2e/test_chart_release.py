@@ -1,13 +1,14 @@
 """The chart's release on the kind cluster: what `helm install` created is there and the operator is
-Ready; `helm uninstall` removes every object of the release except the CRD (kept, with the jobs in
-it, as `helm.sh/resource-policy: keep` promises); installing again brings the operator back and it
-takes up the job left behind.
+Ready, two replicas of which one holds the leader's Lease; `helm uninstall` removes every object of
+the release except the CRD (kept, with the jobs in it, as `helm.sh/resource-policy: keep` promises);
+installing again brings the operator back and it takes up the job left behind.
 
 The session's setup installed the release on a fresh cluster; this test reinstalls it however it
 ends, so that the tests after it find the operator running."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from ebbflow_operator.devcluster.kind import (
     install_chart,
     run,
 )
+from ebbflow_operator.leader import LEASE_NAME
 
 from . import jobs
 
@@ -59,6 +61,25 @@ def operator_ready(kind: Kind) -> bool:
     return bool(wanted > 0 and deployment["status"].get("readyReplicas", 0) == wanted)
 
 
+def operator_pods(kind: Kind) -> list[str]:
+    """Names of the release's running operator pods."""
+    selector = f"app.kubernetes.io/component=operator,app.kubernetes.io/instance={RELEASE}"
+    found = kind.json("--namespace", RELEASE_NAMESPACE, "get", "pods", "-l", selector)["items"]
+    return sorted(
+        p["metadata"]["name"]
+        for p in found
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    )
+
+
+def lease_holder(kind: Kind) -> str:
+    """The leader's identity (`<pod>-<suffix>`), or "" while nobody holds the Lease."""
+    lease = kind.kubectl(
+        "--namespace", RELEASE_NAMESPACE, "get", "lease", LEASE_NAME, "--ignore-not-found", "-o", "json"
+    )
+    return str(json.loads(lease)["spec"].get("holderIdentity") or "") if lease.strip() else ""
+
+
 @pytest.fixture
 def reinstalled(kind: Kind) -> Iterator[None]:
     """Whatever the test did to the release, the next test finds it installed and Ready."""
@@ -73,9 +94,13 @@ def test_helm_uninstall_removes_the_release_but_keeps_the_crd_and_the_jobs(
     objects = release_objects(kind)
     kinds = {o["kind"] for o in objects}
     assert {"CustomResourceDefinition", "ServiceAccount", "Deployment", "Service"} <= kinds, kinds
-    assert {"ClusterRole", "ClusterRoleBinding"} & kinds, kinds
+    assert {"ClusterRole", "ClusterRoleBinding", "PodDisruptionBudget"} <= kinds, kinds
     assert all(exists(kind, o) for o in objects), "an object of the release is missing"
     assert operator_ready(kind)
+    pods = wait_for(lambda: operator_pods(kind), REMOVAL_DEADLINE_S, "the operator pods listed")
+    assert len(pods) == 2, f"the chart runs a leader and a standby: {pods}"
+    holder = wait_for(lambda: lease_holder(kind), 120, "a leader elected")
+    assert [p for p in pods if holder.startswith(f"{p}-")], f"the Lease is held by {holder}, not by {pods}"
     crd = kind.json("get", "customresourcedefinition", CRD_NAME)
     assert crd["metadata"]["annotations"].get("helm.sh/resource-policy") == "keep"
 

@@ -125,7 +125,11 @@ def test_helm_lint_is_clean(helm: str, values: Json) -> None:
     ("flag", "value"),
     [
         pytest.param("replicas=abc", "replicas", id="replicas-not-a-number"),
-        pytest.param("replicas=2", "replicas", id="replicas-above-one-without-leader-election"),
+        pytest.param(
+            "leaderElection.enabled=false,replicas=2",
+            "replicas",
+            id="replicas-above-one-without-leader-election",
+        ),
         pytest.param("leaderElection.enabled=maybe", "leaderElection.enabled", id="leader-election-switch"),
         pytest.param("leaderElection.leaseDuration=0", "leaderElection.leaseDuration", id="lease-zero"),
         pytest.param("image.pullPolicy=Sometimes", "image.pullPolicy", id="pull-policy-enum"),
@@ -233,8 +237,9 @@ def test_deployment_defaults(helm: str) -> None:
     pod = deployment["spec"]["template"]["spec"]
     container = operator_container(docs)
     assert deployment["metadata"]["namespace"] == NAMESPACE
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two operators at once
+    assert deployment["spec"]["replicas"] == 2  # a leader and a warm standby
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"  # they elect a leader
+    assert "--leader-elect=true" in container["args"]
     assert container["image"] == "ebbflow/operator:dev"
     assert container["imagePullPolicy"] == "IfNotPresent"
     assert "command" not in container  # the image's entrypoint: tini -- ebbflow-operator
@@ -244,8 +249,15 @@ def test_deployment_defaults(helm: str) -> None:
     }
     assert pod["serviceAccountName"] == RELEASE
     assert one(docs, "ServiceAccount", RELEASE)["metadata"]["namespace"] == NAMESPACE
-    for optional in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets"):
+    for optional in ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets"):
         assert optional not in pod
+    # The replicas prefer different nodes, so losing one node leaves a standby.
+    [term] = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert (
+        term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+        == deployment["spec"]["selector"]["matchLabels"]
+    )
 
 
 def test_security_context(helm: str) -> None:
@@ -348,7 +360,7 @@ DEFAULT_ARGS = [
     "--metrics-port=8080",
     "--health-port=8081",
     "--log-level=INFO",
-    "--leader-elect=false",
+    "--leader-elect=true",
     f"--leader-election-namespace={NAMESPACE}",
     "--lease-duration=15",
     "--renew-deadline=10",
@@ -435,6 +447,9 @@ def test_chart_passes_every_operator_flag_with_the_operators_defaults(helm: str)
     # The Lease lives in the release's namespace (the operator's default: $POD_NAMESPACE, else default).
     assert rendered.pop("leader_election_namespace") == NAMESPACE
     defaults.pop("leader_election_namespace")
+    # The chart runs two replicas electing a leader; the bare operator is one process and does not
+    # (its tests and `make cluster-up` run several in one cluster, each on its own namespace).
+    assert rendered.pop("leader_elect") is True and defaults.pop("leader_elect") is False
     assert rendered == defaults, "values.yaml's operator defaults differ from the operator's own"
 
 
@@ -478,12 +493,17 @@ def rules_of(role: Json) -> Rules:
     return table
 
 
+def not_leader_election(objects: list[Json]) -> list[Json]:
+    """RBAC objects but the leader election's Role and RoleBinding on Leases (tested on their own)."""
+    return [o for o in objects if not o["metadata"]["name"].endswith("-leader-election")]
+
+
 def test_rbac_every_namespace_is_one_cluster_role(helm: str) -> None:
     docs = render(helm, {"trainer": {"serviceAccount": {"create": False}}})
     assert rules_of(one(docs, "ClusterRole", RELEASE)) == CLUSTER_WIDE
     binding = one(docs, "ClusterRoleBinding", RELEASE)
     assert binding["roleRef"]["name"] == RELEASE
-    assert kinds(docs, "Role") == kinds(docs, "RoleBinding") == []
+    assert not_leader_election(kinds(docs, "Role")) == not_leader_election(kinds(docs, "RoleBinding")) == []
 
 
 def test_rbac_listed_namespaces_get_roles_and_cluster_reads_only(helm: str) -> None:
@@ -491,11 +511,11 @@ def test_rbac_listed_namespaces_get_roles_and_cluster_reads_only(helm: str) -> N
         helm, {"watchNamespaces": ["team-a", "team-b"], "trainer": {"serviceAccount": {"create": False}}}
     )
     assert rules_of(one(docs, "ClusterRole", f"{RELEASE}-cluster")) == LIMITED_CLUSTER
-    roles = {r["metadata"]["namespace"]: r for r in kinds(docs, "Role")}
+    roles = {r["metadata"]["namespace"]: r for r in not_leader_election(kinds(docs, "Role"))}
     assert set(roles) == {"team-a", "team-b"}
     for namespace, role in roles.items():
         assert rules_of(role) == LIMITED_NAMESPACE, namespace
-    bindings = {b["metadata"]["namespace"]: b for b in kinds(docs, "RoleBinding")}
+    bindings = {b["metadata"]["namespace"]: b for b in not_leader_election(kinds(docs, "RoleBinding"))}
     assert set(bindings) == {"team-a", "team-b"}
     for binding in bindings.values():
         assert binding["roleRef"] == {
@@ -732,6 +752,29 @@ def test_notes_render(helm: str, tmp_path: Path, values: Json, expected: list[st
     assert ("keeps the CRD" in text) is values.get("crds", {}).get("keep", True)
 
 
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        pytest.param({}, True, id="defaults-two-replicas"),
+        pytest.param({"replicas": 3}, True, id="three-replicas"),
+        pytest.param({"replicas": 1}, False, id="one-replica"),
+        pytest.param({"podDisruptionBudget": {"enabled": False}}, False, id="switched-off"),
+    ],
+)
+def test_a_disruption_budget_keeps_one_operator_through_a_drain(
+    helm: str, values: Json, expected: bool
+) -> None:
+    docs = render(helm, values)
+    budgets = kinds(docs, "PodDisruptionBudget")
+    assert bool(budgets) is expected
+    if budgets:
+        [budget] = budgets
+        assert budget["metadata"]["namespace"] == NAMESPACE
+        assert budget["spec"]["maxUnavailable"] == 1
+        deployment = one(docs, "Deployment")
+        assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+
+
 def test_leader_election_runs_replicas_with_a_lease_role_in_the_release_namespace(helm: str) -> None:
     docs = render(helm, {"replicas": 2, "leaderElection": {"enabled": True}})
     [deployment] = kinds(docs, "Deployment")
@@ -744,6 +787,7 @@ def test_leader_election_runs_replicas_with_a_lease_role_in_the_release_namespac
     [binding] = [b for b in kinds(docs, "RoleBinding") if b["metadata"]["name"] == role["metadata"]["name"]]
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
-    off = render(helm)
+    off = render(helm, {"replicas": 1, "leaderElection": {"enabled": False}})
+    assert "--leader-elect=false" in args_of(off)
     assert not [r for r in kinds(off, "Role") if r["metadata"]["name"].endswith("-leader-election")]
     assert kinds(off, "Deployment")[0]["spec"]["strategy"]["type"] == "Recreate"
