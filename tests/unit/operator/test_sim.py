@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -158,7 +159,20 @@ def test_bad_flags_fail_naming_the_flag(
     assert flag in capsys.readouterr().err
 
 
-def test_plot_writes_series_without_matplotlib(tmp_path: Path) -> None:
+def test_plot_writes_the_series_and_the_figures(tmp_path: Path) -> None:
+    cli.run(
+        ["--jobs", "5", "--gpus", "16", "--policy", "fair", "--policy", "static", "--plot", str(tmp_path)]
+    )
+    for policy in ("fair", "static"):
+        jcts = (tmp_path / f"jct_{policy}.csv").read_text().splitlines()
+        assert jcts[0] == "jct_s" and len(jcts) == 1 + 5, policy
+        assert (tmp_path / f"utilization_{policy}.csv").read_text().startswith("time_s,utilization")
+    for figure in ("jct_cdf.png", "utilization.png"):  # matplotlib is a dev dependency
+        assert (tmp_path / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", figure
+
+
+def test_plot_writes_the_series_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)  # import raises ImportError
     cli.run(["--jobs", "5", "--gpus", "16", "--policy", "fair", "--plot", str(tmp_path)])
     assert (tmp_path / "jct_fair.csv").read_text().startswith("jct_s")
-    assert (tmp_path / "utilization_fair.csv").exists()
+    assert not (tmp_path / "jct_cdf.png").exists()
