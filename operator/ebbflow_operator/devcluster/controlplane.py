@@ -106,13 +106,26 @@ class ControlPlane:
     def start_apiserver(self, timeout: float = 60.0) -> None:
         """Starts the kube-apiserver again with the same command (port, PKI, etcd); returns once it
         is ready. The controllers and KWOK reconnect by themselves, later: see `await_controllers`."""
-        old = self._apiserver()
-        with old.log_path.open("ab") as log:  # append: the log keeps both lives
-            process = _popen(old.command, log, self.workdir)
-        self.components[self.components.index(old)] = Component(old.name, process, old.log_path, old.command)
+        self.restart(self._apiserver())
         ca_cert = self.workdir / "pki" / "ca.crt"
         check = functools.partial(_api_ok, self.server, self.token, ca_cert)
         _await(self, time.monotonic() + timeout, "kube-apiserver ready again", check)
+
+    def restart(self, old: Component) -> None:
+        """Starts a stopped or exited component again with the same command, logging to the same
+        file (append: the log keeps both lives)."""
+        with old.log_path.open("ab") as log:
+            process = _popen(old.command, log, self.workdir)
+        self.components[self.components.index(old)] = Component(old.name, process, old.log_path, old.command)
+
+    def revive(self) -> list[str]:
+        """Restarts every component but the API server that has exited, as the kubelet restarts a
+        control plane's static pods (the kube-scheduler exits by design when an API server restart
+        leaves its cache inconsistent); returns their names."""
+        exited = [c for c in self.components if c.name != "kube-apiserver" and c.process.poll() is not None]
+        for component in exited:
+            self.restart(component)
+        return [c.name for c in exited]
 
     def _apiserver(self) -> Component:
         return next(c for c in self.components if c.name == "kube-apiserver")
