@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -92,7 +93,20 @@ class SlicedPacking(Packing):
     def __init__(self, free: Mapping[str, int], devices: Mapping[str, NodeDevices]) -> None:
         super().__init__(free)
         self.devices = devices
-        self._exclusive = {node: self._exclusive_of(node) for node in self.free}  # kept current
+        # Kept current on every placement: each node's exclusive GPUs, and how many nodes have each
+        # count (so `room` need not scan thousands of nodes per call).
+        self._exclusive: dict[str, int] = {}
+        self._nodes_by_exclusive: Counter[int] = Counter()
+        self._covers_every_node: dict[frozenset[str], bool] = {}
+        for node in self.free:
+            self._refresh(node)
+
+    def _refresh(self, node: str) -> None:
+        old = self._exclusive.get(node)
+        if old is not None:
+            self._nodes_by_exclusive[old] -= 1
+        self._exclusive[node] = new = self._exclusive_of(node)
+        self._nodes_by_exclusive[new] += 1
 
     def _used(self, node: str) -> int:
         dev = self.devices.get(node)
@@ -134,7 +148,7 @@ class SlicedPacking(Packing):
             sticky = self._sticky.setdefault(demand.key, list(demand.current_nodes))
             self._sticky[demand.key] = sticky[sticky.index(node) + 1 :] if node in sticky else []
             self.free[node] -= demand.gpus_per_worker
-            self._exclusive[node] = self._exclusive_of(node)
+            self._refresh(node)
         placed.append(node)
         return True
 
@@ -142,7 +156,7 @@ class SlicedPacking(Packing):
         nodes = set(self._placed.get(demand.key, ()))
         super().withdraw(demand)
         for node in nodes - {""}:
-            self._exclusive[node] = self._exclusive_of(node)
+            self._refresh(node)
 
     def room(self, demand: Demand) -> tuple[int, int, int]:
         """(workers that still get an exclusive device on the job's nodes, workers a fresh node
@@ -151,8 +165,28 @@ class SlicedPacking(Packing):
         mine = {n for n in self._placed.get(demand.key, ()) if n}
         exclusive = self._exclusive
         room = sum(exclusive.get(n, 0) // need for n in mine)
-        spare = [w for w in (exclusive.get(n, 0) // need for n in demand.eligible if n not in mine) if w > 0]
-        return room, max(spare, default=1), len(spare)
+        if not self._covers(demand.eligible):
+            spare = [
+                w for w in (exclusive.get(n, 0) // need for n in demand.eligible if n not in mine) if w > 0
+            ]
+            return room, max(spare, default=1), len(spare)
+        # Every node is eligible: count from the histogram, less the job's own nodes.
+        nodes = self._nodes_by_exclusive.copy()
+        for node in mine:
+            nodes[exclusive[node]] -= 1
+        workers = {count // need: 0 for count in nodes}
+        for count, how_many in nodes.items():
+            workers[count // need] += how_many
+        fitting = {w: n for w, n in workers.items() if w > 0 and n > 0}
+        return room, max(fitting, default=1), sum(fitting.values())
+
+    def _covers(self, eligible: frozenset[str]) -> bool:
+        """`eligible` holds every node of the packing (frozensets cache their hash: O(1) after the
+        first call per set)."""
+        covers = self._covers_every_node.get(eligible)
+        if covers is None:
+            covers = self._covers_every_node[eligible] = self.free.keys() <= eligible
+        return covers
 
     def share(self, node: str, extra: int = 0) -> float:
         dev = self.devices.get(node)

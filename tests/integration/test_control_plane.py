@@ -6,6 +6,7 @@ import uuid
 from typing import Any
 
 from ebbflow_api.waiting import wait_for
+from ebbflow_operator.devcluster.controlplane import ControlPlane
 from ebbflow_operator.devcluster.gpunodes import (
     GPU_RESOURCE,
     GpuNodeTemplate,
@@ -199,3 +200,20 @@ def test_a_pod_can_be_made_to_exit_with_a_given_code(kube: Kube, namespace: str,
         [status] = kube.core.read_namespaced_pod(name, namespace).status.container_statuses
         assert status.state.terminated.exit_code == code
         assert status.state.terminated.message == (message or None), name
+
+
+def test_a_component_that_exited_is_revived_and_works_again(
+    control_plane: ControlPlane, kube: Kube, namespace: str, gpu_nodes: GpuNodes
+) -> None:
+    """What the chaos soak relies on (the kubelet's part for static pods): the scheduler killed,
+    `revive` starts it again with its own command, and it schedules again."""
+    gpu_nodes.add(1)
+    [scheduler] = [c for c in control_plane.components if c.name == "kube-scheduler"]
+    scheduler.process.kill()
+    scheduler.process.wait(10)
+    kube.core.create_namespaced_pod(namespace, gpu_pod("after-revive", 1, gpu_nodes.selector))
+    assert control_plane.revive() == ["kube-scheduler"]
+    assert control_plane.revive() == []  # running again: nothing to do
+    wait_for(
+        lambda: phase(kube, namespace, "after-revive") == "Running", 60, "scheduled by the revived scheduler"
+    )
