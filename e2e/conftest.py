@@ -36,11 +36,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(SETUP_TIMEOUT_S))
 
 
+def _timing(step: str) -> None:
+    """The setup's steps with their durations, into $EBBFLOW_TIMINGS when set (.ci/run prints it)."""
+    if path := os.environ.get("EBBFLOW_TIMINGS"):
+        with open(path, "a") as timings:
+            print(f"  e2e setup, {step.strip()}", file=timings)
+
+
 @pytest.fixture(scope="session")
 def kind() -> Kind:
     cluster = Kind()
     try:
-        set_up(cluster)
+        set_up(cluster, say=_timing)
     except (KindError, TimeoutError) as error:
         if os.environ.get("CI") == "true":
             pytest.fail(f"e2e tier cannot run in CI: {error}", pytrace=False)

@@ -15,7 +15,17 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-say() { echo "[ci-prepare-e2e] $* (disk free: $(df -h --output=avail . | tail -1 | tr -d ' '))" >&2; }
+# Each step's duration also goes to $EBBFLOW_TIMINGS when set (.ci/run prints that file at the end).
+last=""
+step_started=$SECONDS
+say() {
+  if [[ -n $last && -n ${EBBFLOW_TIMINGS:-} ]]; then
+    echo "  e2e preparation, $last: $((SECONDS - step_started)) s" >>"$EBBFLOW_TIMINGS"
+  fi
+  last=$1
+  step_started=$SECONDS
+  echo "[ci-prepare-e2e] $* (disk free: $(df -h --output=avail . | tail -1 | tr -d ' '))" >&2
+}
 
 say "kind node image"
 bash hack/kind/build-node-image.sh >/dev/null
