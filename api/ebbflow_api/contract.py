@@ -25,9 +25,30 @@ LABEL_WORKER_INDEX: Final = f"{API_GROUP}/worker-index"
 ANNOTATION_WORLD_GENERATION: Final = f"{API_GROUP}/world-generation"
 # Rank 0 writes a JSON progress report here on its own pod (see PROGRESS_FIELDS); the operator
 # copies the newest report into the job's status.progress. "eval" is the training script's last
-# evaluation, {"step": int, "metrics": {name: number}}, or null.
+# evaluation, {"step": int, "metrics": {name: number}}, or null. The step's shape and time split
+# feed the goodput and quality policies (the operator keeps a short history of them): worldSize
+# workers, each doing accumulationSteps + 1 micro-batches of microBatch samples; stepSeconds =
+# accumulationSteps + 1 micro-batches of computeSeconds each (rank 0's forward+backward), plus
+# communicationSeconds (the rest: gradient sync and waiting for slower workers). noiseScale is the
+# gradient noise scale (null unless the trainer estimates it); rescalePauseSeconds the last pause
+# of a membership change (null before any).
 ANNOTATION_PROGRESS: Final = f"{API_GROUP}/progress"
-PROGRESS_FIELDS: Final = ("step", "samples", "loss", "samplesPerSecond", "time", "eval")
+PROGRESS_FIELDS: Final = (
+    "step",
+    "samples",
+    "loss",
+    "samplesPerSecond",
+    "time",
+    "eval",
+    "worldSize",
+    "microBatch",
+    "accumulationSteps",
+    "stepSeconds",
+    "computeSeconds",
+    "communicationSeconds",
+    "noiseScale",
+    "rescalePauseSeconds",
+)
 
 # --- Environment variables the operator sets on every worker container ---------------------------
 ENV_JOB_NAME: Final = "EBBFLOW_JOB_NAME"

@@ -389,6 +389,22 @@ class Progress(ApiModel):
     samples_per_second: float | None = None
     time: str | None = None
     eval: Evaluation | None = None
+    world_size: int | None = Field(None, description="Workers that trained the step.")
+    micro_batch: int | None = Field(None, description="Samples per micro-batch (one virtual node).")
+    accumulation_steps: int | None = Field(
+        None, description="Micro-batches rank 0 accumulated before the synchronising one."
+    )
+    step_seconds: float | None = Field(None, description="Wall time of the step.")
+    compute_seconds: float | None = Field(
+        None, description="Rank 0's forward+backward seconds for one micro-batch."
+    )
+    communication_seconds: float | None = Field(
+        None, description="The rest of the step: gradient sync and waiting for slower workers."
+    )
+    noise_scale: float | None = Field(None, description="Gradient noise scale estimate, when measured.")
+    rescale_pause_seconds: float | None = Field(
+        None, description="Pause of the last membership change, when there was one."
+    )
 
 
 class ElasticTrainingJobStatus(ApiModel):

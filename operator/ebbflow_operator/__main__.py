@@ -23,6 +23,7 @@ from .kube import KubeIO
 from .leader import ElectionConfig, Elector
 from .metrics import Metrics
 from .planner import PlannerConfig
+from .policies import POLICIES
 from .reconciler import OperatorConfig, Reconciler
 
 ENV_PREFIX = "EBBFLOW_OPERATOR_"
@@ -137,6 +138,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "exist there and may patch pods, for the trainer's progress annotation; default: the "
         "namespace's default account",
     )
+    parser.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default=_env("POLICY", _OPERATOR.policy),
+        help="who gets a freed GPU: fair (priority, then max-min fair share), goodput (Pollux: the "
+        "GPUs that speed jobs up most, from the trainers' measured step times) or quality (SLAQ: "
+        f"the largest predicted loss reduction) (default {_OPERATOR.policy}; env {ENV_PREFIX}POLICY)",
+    )
     _election_arguments(parser)
     return parser.parse_args(argv)
 
@@ -217,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         resync_interval=args.resync_interval,
         relist_interval=args.relist_interval,
         trainer_service_accounts=dict(args.trainer_service_account),
+        policy=args.policy,
     )
     metrics = Metrics()
     if args.metrics_port:

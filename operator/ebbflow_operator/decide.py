@@ -37,6 +37,7 @@ class OperatorConfig:
     write_concurrency: int = 8
     # ServiceAccount of workers whose template names none, by namespace ("" = every namespace).
     trainer_service_accounts: Mapping[str, str] = field(default_factory=dict)
+    policy: str = "fair"  # who gets a freed GPU: policies.POLICIES
 
 
 @dataclass(frozen=True)

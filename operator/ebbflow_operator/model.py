@@ -36,6 +36,9 @@ SPOT_LABELS: Mapping[str, str] = {
     "cloud.google.com/gke-preemptible": "true",
     "kubernetes.azure.com/scalesetpriority": "spot",
 }
+# NVIDIA GPU feature discovery's node labels: the physical GPU count, time-slicing replicas per GPU.
+LABEL_GPU_COUNT = "nvidia.com/gpu.count"
+LABEL_GPU_REPLICAS = "nvidia.com/gpu.replicas"
 # Taints the node lifecycle controller sets on nodes that are not healthy.
 CONDITION_TAINT_PREFIX = "node.kubernetes.io/"
 

@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import groupby
 
-from .allocator import Demand, Packing, PriorityFairShare
+from .allocator import Demand, Packing, Policy, PriorityFairShare
 from .loss_curve import LossCurve, fit_loss_curve
 from .model import JobKey
 from .throughput import JobModel, Measurement, Placement, ThroughputParams, fit_cached
 
+POLICIES = ("fair", "goodput", "quality")  # what `ebbflow-operator --policy` and the simulator choose
 DEFAULT_RESCALE_PAUSE_S = 30.0
 NO_WORKERS_PENALTY = 1e9  # 1/speedup of a job with no workers: any first worker beats any growth
 
@@ -409,3 +410,16 @@ class QualityPolicy:
             return fitted, metrics.steps_done()
         half = self.horizon_s / model.step_s(Placement(max(1, demand.min)))
         return LossCurve.prior(half), 0.0
+
+
+def policy_named(
+    name: str, metrics: Mapping[JobKey, JobMetrics], devices: Mapping[str, NodeDevices], now: float
+) -> Policy:
+    """The policy one pass allocates with (`fair` ignores the metrics)."""
+    if name == "fair":
+        return PriorityFairShare()
+    if name == "goodput":
+        return GoodputPolicy(metrics=metrics, devices=devices, now=now)
+    if name == "quality":
+        return QualityPolicy(metrics=metrics, devices=devices, now=now)
+    raise ValueError(f"unknown policy {name!r}: choose one of {', '.join(POLICIES)}")

@@ -30,9 +30,11 @@ from .allocator import Policy, PriorityFairShare
 from .cache import Store
 from .decide import OperatorConfig, PassResult, decide
 from .errors import KubeError
+from .history import History, node_devices
 from .metrics import JobSample, Metrics
 from .model import Job, JobKey, Json, Node, Pod, parse_job, parse_node, parse_pod
 from .planner import Plan
+from .policies import policy_named
 
 __all__ = ["ClusterIO", "OperatorConfig", "PassResult", "Reconciler"]
 
@@ -74,7 +76,6 @@ class Reconciler:
         io: ClusterIO,
         config: OperatorConfig,
         metrics: Metrics,
-        policy: Policy | None = None,
         leading: Callable[[], bool] = lambda: True,
     ) -> None:
         """`leading` gates every pass: a standby replica (leader.Elector) keeps its cache warm from
@@ -83,7 +84,9 @@ class Reconciler:
         self.leading = leading
         self.config = config
         self.metrics = metrics
-        self.policy: Policy = policy or PriorityFairShare()
+        # The trainers' recent reports, for the goodput and quality policies (memory only; see
+        # history.py for what an operator restart keeps).
+        self.history = History()
         self._wake = threading.Event()
         self._first_trigger: float | None = None
         self._pool = ThreadPoolExecutor(config.write_concurrency, thread_name_prefix="ebbflow-write")
@@ -187,7 +190,8 @@ class Reconciler:
         nodes, pods, jobs, services, network_policies = self.observe()
         observed = time.monotonic()
         when = time.time() if now is None else now
-        result = decide(nodes, pods, jobs, services, network_policies, when, self.config, self.policy)
+        policy = self._policy(nodes, pods, jobs, when)
+        result = decide(nodes, pods, jobs, services, network_policies, when, self.config, policy)
         decided = time.monotonic()
         work = [p for p in result.plans if _has_work(p)]
         failures = sum(self._pool.map(self._apply, work))
@@ -214,6 +218,14 @@ class Reconciler:
                 self.metrics.preemptions.inc(plan.preemptions)
         self.last_pass_at = time.monotonic()
         return result
+
+    def _policy(self, nodes: list[Node], pods: list[Pod], jobs: list[Job], now: float) -> Policy:
+        """The configured policy for this pass, fed with the history the pass just updated."""
+        if self.config.policy == "fair":
+            return PriorityFairShare()
+        devices = node_devices(nodes)
+        self.history.update(jobs, pods, devices)
+        return policy_named(self.config.policy, self.history.metrics(jobs), devices, now)
 
     def _apply(self, plan: Plan) -> int:
         """Status first (it records what the deletions mean), then deletions, creations, events.

@@ -208,6 +208,14 @@ def test_rank_zero_reports_progress_with_the_contract_fields(calm_run: dict[str,
     assert report["loss"] > 0 and report["samplesPerSecond"] > 0
     # The loss went down from ln(10) for ten digit classes.
     assert report["loss"] < 1.0
+    # The step's shape: one worker does all V=4 virtual nodes of B/V = 8 samples, 3 accumulated
+    # before the synchronising one; its time splits into compute and the rest.
+    assert (report["worldSize"], report["microBatch"], report["accumulationSteps"]) == (1, 8, 3)
+    compute = 4 * report["computeSeconds"]
+    assert 0 < compute <= report["stepSeconds"]
+    assert report["communicationSeconds"] == pytest.approx(report["stepSeconds"] - compute)
+    # No membership change in a calm run; no noise estimate without adascale.
+    assert report["rescalePauseSeconds"] is None and report["noiseScale"] is None
 
 
 @pytest.mark.parametrize(

@@ -320,6 +320,7 @@ DECISION_MODULES = [
     "throughput",
     "loss_curve",
     "policies",
+    "history",
     # The simulator runs the policies above; it must never reach the Kubernetes I/O layer.
     "sim",
     "sim.trace",

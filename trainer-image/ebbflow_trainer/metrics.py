@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import ssl
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,37 @@ def serve(port: int) -> None:
         log.warning("metrics port %s unavailable (%s); continuing without /metrics", port, error)
 
 
+@dataclass(frozen=True)
+class StepShape:
+    """How the last step was trained and where its time went (the policies' throughput model)."""
+
+    world_size: int
+    micro_batch: int  # samples per virtual node
+    micro_batches: int  # rank 0's virtual nodes this step
+    step_seconds: float
+    compute_seconds: float  # rank 0's forward+backward over all its micro-batches
+    noise_scale: float | None = None
+    rescale_pause_seconds: float | None = None
+
+    def values(self) -> tuple[Any, ...]:
+        """The contract's fields after "eval", in order."""
+        batches = max(1, self.micro_batches)
+        return (
+            self.world_size,
+            self.micro_batch,
+            batches - 1,
+            self.step_seconds,
+            self.compute_seconds / batches,
+            max(0.0, self.step_seconds - self.compute_seconds),
+            _finite_or_none(self.noise_scale),
+            self.rescale_pause_seconds,
+        )
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
 class ProgressReporter:
     """Rank 0's progress, written at most every ``interval`` seconds from a background thread."""
 
@@ -89,11 +122,12 @@ class ProgressReporter:
         samples: int,
         loss: float | None,
         samples_per_second: float,
-        evaluation: dict[str, Any] | None = None,
+        evaluation: dict[str, Any] | None,
+        shape: StepShape,
     ) -> dict[str, Any]:
         """``evaluation``: the last evaluation, ``{"step": s, "metrics": {name: finite number}}``."""
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        values = (step, samples, loss, samples_per_second, now, evaluation)
+        values = (step, samples, loss, samples_per_second, now, evaluation, *shape.values())
         return dict(zip(contract.PROGRESS_FIELDS, values, strict=True))
 
     def maybe_report(self, report: dict[str, Any], *, force: bool = False) -> None:

@@ -188,6 +188,7 @@ class Worker:
         )
         self.step = 0
         self.last_step_wall_time = time.time()
+        self.last_pause: float | None = None  # of this process's last membership change
         self.store: TCPStore | None = connect(config, config.store_timeout)
         self.progress = metrics.ProgressReporter(config) if world.rank == 0 else None
         self._last_store_report = 0.0
@@ -309,6 +310,7 @@ class Worker:
             now = time.time()
             if first_step and self.source in ("memory", "peer"):
                 pause = now - self.last_step_wall_time
+                self.last_pause = pause
                 metrics.RESCALE_PAUSE.observe(pause)
                 self.journal.write(
                     "resumed", generation=world.generation, step=self.step, pause_seconds=pause
@@ -371,12 +373,22 @@ class Worker:
         if self.progress is not None:
             # JSON has no NaN: a skipped step reports no loss rather than an unparsable document.
             reported_loss = loss if math.isfinite(loss) else None
+            shape = metrics.StepShape(
+                world_size=self.world.size,
+                micro_batch=self.config.samples_per_virtual_node,
+                micro_batches=len(mine),
+                step_seconds=seconds,
+                compute_seconds=compute_seconds,
+                noise_scale=self.engine.noise.noise_scale if self.engine.tracks_noise else None,
+                rescale_pause_seconds=self.last_pause,
+            )
             report = self.progress.report(
                 self.step,
                 self.step * samples,
                 reported_loss,
                 samples / max(seconds, 1e-9),
                 self.engine.evaluation.report(),
+                shape,
             )
             self.progress.maybe_report(report, force=self.step == self.total_steps)
             self._report_last_step()

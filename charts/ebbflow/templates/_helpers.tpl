@@ -84,6 +84,7 @@ trainer.rbac.namespaces, or else the release namespace plus watchNamespaces.
 - {{ printf "--metrics-port=%v" $operator.metricsPort | quote }}
 - {{ printf "--health-port=%v" $operator.healthPort | quote }}
 - {{ printf "--log-level=%s" $operator.logLevel | quote }}
+- {{ printf "--policy=%s" $operator.policy | quote }}
 {{- with .Values.leaderElection }}
 - {{ printf "--leader-elect=%t" .enabled | quote }}
 - {{ printf "--leader-election-namespace=%s" $.Release.Namespace | quote }}

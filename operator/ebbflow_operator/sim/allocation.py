@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..allocator import Demand, Packing, Policy, PriorityFairShare
+from .. import policies
+from ..allocator import Demand, Packing, Policy
 from ..model import JobKey
-from ..policies import GoodputPolicy, JobMetrics, NodeDevices, QualityPolicy, SlicedPacking
+from ..policies import JobMetrics, NodeDevices, SlicedPacking, policy_named
 from .state import JobState
 
 NAMESPACE = "sim"
-ELASTIC = ("fair", "goodput", "quality")
+ELASTIC = policies.POLICIES  # the operator's; the simulator adds the rigid baselines
 RIGID = ("static", "restart")
 POLICIES = (*RIGID, *ELASTIC)
 
@@ -66,14 +67,8 @@ def elastic_policy(
     now: float,
     rescale_pause_s: float,
 ) -> Policy:
-    if name == "fair":
-        return PriorityFairShare()
-    info = {key_of(s): metrics(s, rescale_pause_s) for s in states}
-    if name == "goodput":
-        return GoodputPolicy(metrics=info, devices=devices, now=now)
-    if name == "quality":
-        return QualityPolicy(metrics=info, devices=devices, now=now)
-    raise ValueError(f"unknown elastic policy {name!r}")
+    info = {} if name == "fair" else {key_of(s): metrics(s, rescale_pause_s) for s in states}
+    return policy_named(name, info, devices, now)
 
 
 def rigid_allocate(
