@@ -1,4 +1,5 @@
 """`ebbflow-sim`: flags in, one simulation per policy over the same trace and node schedule, figures out.
+(`ebbflow-sim recommend ...` is the time/cost recommender: `recommend_cli.py`.)
 
 Bad flags fail before anything runs, with a message naming the flag (exit 2, argparse's
 convention). `--json` prints one JSON object per policy and line; otherwise a table. `--plot DIR`
@@ -141,7 +142,13 @@ def _print(results: Sequence[Result], as_json: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["recommend"]:
+        from .recommend_cli import run as recommend
+
+        recommend(arguments[1:])
+        return
+    run(arguments)
 
 
 if __name__ == "__main__":
