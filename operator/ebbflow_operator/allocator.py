@@ -42,6 +42,10 @@ class Packing:
     def count(self, key: JobKey) -> int:
         return len(self._placed.get(key, ()))
 
+    def nodes_of(self, key: JobKey) -> list[str]:
+        """The nodes of the job's placed workers, in placement order ('' for a GPU-less worker)."""
+        return list(self._placed.get(key, ()))
+
     def place(self, demand: Demand) -> bool:
         """Places one more worker of `demand`: on a node it already runs on, else best fit."""
         need = demand.gpus_per_worker

@@ -107,7 +107,7 @@ def _non_negative(report: Json, key: str) -> float | None:
 
 def node_devices(nodes: Iterable[Node]) -> dict[str, NodeDevices]:
     """Physical GPUs behind each node's advertised `nvidia.com/gpu` (GPU feature discovery's
-    labels; without them every advertised GPU is taken for a physical one)."""
+    labels; without them every advertised GPU is taken for a physical one), and whether it is spot."""
     devices = {}
     for node in nodes:
         physical = node.gpus
@@ -116,7 +116,8 @@ def node_devices(nodes: Iterable[Node]) -> dict[str, NodeDevices]:
             physical = count
         elif replicas and replicas > 1:
             physical = max(1, node.gpus // replicas)
-        devices[node.name] = NodeDevices(physical=min(physical, node.gpus) or node.gpus, replicas=node.gpus)
+        physical = min(physical, node.gpus) or node.gpus
+        devices[node.name] = NodeDevices(physical=physical, replicas=node.gpus, spot=node.spot)
     return devices
 
 

@@ -17,6 +17,10 @@ virtual nodes drops, to fill its nodes or one or two fresh nodes, or back to its
 A job stops growing when more GPUs no longer help it (gain <= 0), so GPUs may stay free: the
 objective, unlike fair share, does not hand out GPUs that would not speed anyone up.
 
+Spot: a job's first `min` workers go to on-demand nodes when any fits (then a preemption never
+takes the job below its minimum), further workers to spot nodes first (keeping on-demand room for
+other jobs' minimums); running workers keep their nodes either way.
+
 Time-slicing: a node advertises `replicas` GPUs backed by `physical` devices. Workers beyond the
 physical count share devices; the packing prefers nodes with an idle physical device, and the
 models slow a job's compute by its most contended node's share (used replicas / physical).
@@ -48,6 +52,7 @@ class NodeDevices:
 
     physical: int
     replicas: int
+    spot: bool = False  # may be taken away at any time (model.SPOT_LABELS)
 
 
 @dataclass(frozen=True)
@@ -85,8 +90,9 @@ def _fit(free: int, whole: int) -> tuple[bool, int]:
 
 
 class SlicedPacking(Packing):
-    """`Packing` that knows physical devices and locality: after the nodes a job runs on now it
-    prefers a node where the worker gets an idle physical GPU, then one the job was just given
+    """`Packing` that knows physical devices, spot nodes and locality: after the nodes a job runs on
+    now it prefers on-demand nodes for its minimum and spot nodes beyond it, then a node where the
+    worker gets an idle physical GPU, then one the job was just given
     (fewer nodes, cheaper sync), then best fit; a job's first worker goes to the best-fitting node
     that could hold the whole job, else the roomiest, so jobs grow locally instead of
     interleaving. It also reports a job's placement."""
@@ -133,12 +139,22 @@ class SlicedPacking(Packing):
         fits = [name for name in demand.eligible if self.free.get(name, 0) >= need]
         if not fits:
             return None
-        mine = set(self._placed.get(demand.key, ()))
+        placed = self._placed.get(demand.key, ())
+        within_min = len(placed) < demand.min
+
+        def misplaced(node: str) -> bool:
+            """On spot while the job's minimum is placed, on-demand beyond it."""
+            device = self.devices.get(node)
+            return device is not None and device.spot == within_min
+
+        mine = set(placed)
         if mine:
-            return min(fits, key=lambda n: (self._shared(n, need), n not in mine, self.free[n], n))
+            return min(
+                fits, key=lambda n: (misplaced(n), self._shared(n, need), n not in mine, self.free[n], n)
+            )
         # A first worker: best fit among the nodes that could hold the whole job, else the roomiest.
         whole = demand.max * need
-        return min(fits, key=lambda n: (self._shared(n, need), *_fit(self.free[n], whole), n))
+        return min(fits, key=lambda n: (misplaced(n), self._shared(n, need), *_fit(self.free[n], whole), n))
 
     def place(self, demand: Demand) -> bool:
         node = self.peek(demand)

@@ -97,9 +97,6 @@ class Placer(SlicedPacking):
     (every job's kept workers are placed before anyone grows), growth by the policies' own packing.
     A job whose growth does not reach its min here gets 0 (the policy's own packing order differs)."""
 
-    def nodes_of(self, key: JobKey) -> list[str]:
-        return list(self._placed.get(key, ()))
-
     def apply(self, demands: Sequence[Demand], counts: Mapping[JobKey, int]) -> dict[JobKey, list[str]]:
         ordered = sorted(demands, key=lambda d: (-d.priority, d.created, d.key))
         for d in ordered:

@@ -28,8 +28,10 @@ class ClusterConfig:
     def nodes(self) -> int:
         return max(1, self.gpus // self.gpus_per_node)
 
-    def devices(self) -> NodeDevices:
-        return NodeDevices(physical=self.gpus_per_node, replicas=self.gpus_per_node * self.replicas)
+    def devices(self, spot: bool = False) -> NodeDevices:
+        return NodeDevices(
+            physical=self.gpus_per_node, replicas=self.gpus_per_node * self.replicas, spot=spot
+        )
 
 
 def initial_nodes(config: ClusterConfig) -> dict[str, bool]:

@@ -241,12 +241,11 @@ class Simulation:
         eligible = frozenset(self.nodes)
         demands = [demand(s, eligible) for s in states]
         free = {n: self.devices.replicas for n in self.nodes}
+        devices = {n: self.config.cluster.devices(spot) for n, spot in self.nodes.items()}
         if self.policy in ELASTIC:
-            devices = dict.fromkeys(self.nodes, self.devices)
             policy = elastic_policy(self.policy, states, devices, self.now, self.config.rescale_pause_s)
             counts = policy.allocate(demands, free)
         else:
-            devices = dict.fromkeys(self.nodes, self.devices)
             counts = rigid_allocate(self.policy, states, demands, free)
         placed = Placer(free, devices).apply(demands, counts)
         changed = False

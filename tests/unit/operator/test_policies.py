@@ -258,6 +258,27 @@ def test_packing_prefers_an_idle_physical_device_over_best_fit() -> None:
     assert packing.placement(job).share == pytest.approx(1.5)
 
 
+def test_packing_puts_a_jobs_minimum_on_demand_and_the_rest_on_spot() -> None:
+    """A spot preemption should never take a job below its minimum: its first `min` workers go to
+    the on-demand node, though the spot node has more room; beyond min, spot first, keeping the
+    on-demand room for other jobs' minimums."""
+    devices = {"od": NodeDevices(4, 4), "spot": NodeDevices(8, 8, spot=True)}
+    free = {"od": 4, "spot": 8}
+    packing = SlicedPacking(free, devices)
+    job = make_demand("a", 2, 6, nodes=free)
+    for _ in range(6):
+        assert packing.place(job)
+    assert packing.nodes_of(job.key) == ["od", "od", "spot", "spot", "spot", "spot"]
+
+
+def test_running_workers_stay_on_spot_even_below_the_minimum() -> None:
+    devices = {"od": NodeDevices(4, 4), "spot": NodeDevices(4, 4, spot=True)}
+    packing = SlicedPacking({"od": 4, "spot": 4}, devices)
+    job = make_demand("a", 2, 2, nodes={"od": 4, "spot": 4}, current=("spot", "spot"))
+    assert packing.place(job) and packing.place(job)
+    assert packing.nodes_of(job.key) == ["spot", "spot"]
+
+
 def test_packing_keeps_running_workers_on_their_nodes() -> None:
     packing = SlicedPacking({"a": 4, "b": 4}, {})
     job = make_demand("s", 1, 3, nodes={"a": 4, "b": 4}, current=("b", "b"))
