@@ -1,6 +1,7 @@
 """Simulator acceptance bench: every policy on 200 jobs / 512 GPUs with spot preemptions, over several seeds.
 
     .venv/bin/python bench/sim_policies.py [--seeds 5] [--jobs 200] [--gpus 512] [--load 2.0]
+        [--elastic-max-factor 1]
 
 Half the nodes are spot, each preempted at 0.05 per node-hour (5 % of spot nodes per hour) and
 replaced after 15 minutes. Prints each policy's average JCT and mean normalised loss at the cutoff
@@ -28,7 +29,10 @@ REPO = Path(__file__).resolve().parents[1]
 def one_seed(seed: int, args: argparse.Namespace) -> dict[str, dict[str, float | int | str]]:
     cluster = ClusterConfig(gpus=args.gpus, gpus_per_node=8, spot_fraction=0.5, preempt_rate_per_hour=0.05)
     config = SimConfig(cluster=cluster, seed=seed)
-    jobs = generate(TraceConfig(jobs=args.jobs, gpus=args.gpus, load=args.load), seed)
+    trace = TraceConfig(
+        jobs=args.jobs, gpus=args.gpus, load=args.load, elastic_max_factor=args.elastic_max_factor
+    )
+    jobs = generate(trace, seed)
     return {policy: simulate(jobs, policy, config).summary() for policy in POLICIES}
 
 
@@ -43,6 +47,7 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=200)
     p.add_argument("--gpus", type=int, default=512)
     p.add_argument("--load", type=float, default=2.0)
+    p.add_argument("--elastic-max-factor", type=int, default=1, help="max workers = requested x this")
     args = p.parse_args()
     started = time.perf_counter()
     runs = {}
@@ -75,7 +80,8 @@ def main() -> None:
     for name, values in ratios.items():
         print(f"{name}: {spread(values)}  (per seed: {', '.join(f'{v:.3f}' for v in values)})")
     print(f"wall {time.perf_counter() - started:.1f} s")
-    out = REPO / "bench" / "results" / "sim_policies.json"
+    suffix = "" if args.elastic_max_factor == 1 else f"_max{args.elastic_max_factor}x"
+    out = REPO / "bench" / "results" / f"sim_policies{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "runs": runs, "ratios": ratios}, indent=2))
 

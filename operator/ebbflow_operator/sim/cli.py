@@ -63,6 +63,14 @@ def parser() -> argparse.ArgumentParser:
         help="until a preempted node is replaced",
     )
     add("--load", type=_number(float, 0.01), default=2.0, help="generator's offered load")
+    add(
+        "--elastic-max-factor",
+        type=int,
+        choices=(1, 2, 4, 8, 16, 32),
+        default=1,
+        help="generator: an elastic job's max is this times the size it requests (the rigid "
+        "baselines' size); 1: elastic jobs can only shrink",
+    )
     add("--rescale-pause-s", type=_number(float, 0.0), default=5.0)
     add("--restart-s", type=_number(float, 0.0), default=60.0, help="cost of a restart from checkpoint")
     add("--checkpoint-s", type=_number(float, 1.0), default=1800.0, help="checkpoint interval")
@@ -77,7 +85,10 @@ def parser() -> argparse.ArgumentParser:
 
 def _jobs(args: argparse.Namespace, p: argparse.ArgumentParser) -> list[SimJob]:
     if args.trace is None:
-        return generate(TraceConfig(jobs=args.jobs, gpus=args.gpus, load=args.load), args.seed)
+        trace = TraceConfig(
+            jobs=args.jobs, gpus=args.gpus, load=args.load, elastic_max_factor=args.elastic_max_factor
+        )
+        return generate(trace, args.seed)
     try:
         return read_csv(args.trace.read_text())
     except (OSError, ValueError) as error:

@@ -91,7 +91,8 @@ class Simulation:
         self.policy = policy
         self.config = config
         self.devices = config.cluster.devices()
-        self.states = {j.name: JobState(j) for j in jobs}
+        # The rigid baselines run each job at its requested size; the elastic policies within [min, max].
+        self.states = {j.name: JobState(j if policy in ELASTIC else j.rigid()) for j in jobs}
         self.arrived: dict[str, JobState] = {}  # arrived and unfinished, in arrival order
         self.nodes: dict[str, bool] = {}  # live node -> spot
         self.used: dict[str, int] = {}
@@ -327,7 +328,7 @@ def unschedulable(jobs: Sequence[SimJob], cluster: ClusterConfig, policy: str) -
     per_node = cluster.gpus_per_node * cluster.replicas
     out = []
     for job in jobs:
-        workers = job.max_workers if policy == "static" else job.min_workers
+        workers = job.rigid().max_workers if policy == "static" else job.min_workers
         if workers * job.gpus_per_worker > total or job.gpus_per_worker > per_node:
             out.append(job)
     return out

@@ -58,6 +58,20 @@ class SimJob:
     beta_net: float
     gamma: float
     loss_b: float  # steps to halve the normalised loss
+    # What the user would run without elasticity (0: max_workers): the rigid baselines' fixed size,
+    # trained with one virtual node per worker (see `rigid`).
+    requested_workers: int = 0
+
+    def rigid(self) -> SimJob:
+        """The job as `static` and `restart` run it: at most its requested size, V = that size."""
+        requested = self.requested_workers or self.max_workers
+        return replace(
+            self,
+            min_workers=min(self.min_workers, requested),
+            max_workers=requested,
+            virtual_nodes=requested,
+            requested_workers=requested,
+        )
 
     @property
     def params(self) -> ThroughputParams:
@@ -94,8 +108,16 @@ class TraceConfig:
     duration_sigma: float = 1.0  # log-normal sigma (heavy tail)
     min_duration_s: float = 60.0
     max_duration_s: float = 12 * 3600.0
-    elastic_min_fraction: float = 0.25  # min workers = ceil(max * this)
+    elastic_min_fraction: float = 0.25  # min workers = ceil(requested * this)
+    # max workers = requested * this (capped by the cluster): the room an elastic job has to grow
+    # into GPUs nobody uses. A power of two <= 32, so the batch of 32 samples per requested worker
+    # splits into max virtual nodes. 1: elastic jobs can only shrink below what they asked for.
+    elastic_max_factor: int = 1
     priorities: int = 1  # levels 0..priorities-1, uniform
+
+    def __post_init__(self) -> None:
+        if self.elastic_max_factor not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"elastic_max_factor {self.elastic_max_factor}: choose 1, 2, 4, 8, 16 or 32")
 
 
 def _size(rnd: random.Random) -> int:
@@ -106,17 +128,17 @@ def _size(rnd: random.Random) -> int:
 def _job(rnd: random.Random, index: int, config: TraceConfig) -> SimJob:
     """A job without its arrival time: size, scaling, work and loss curve."""
     gpus = min(_size(rnd), config.gpus)
-    workers = gpus
+    workers = min(gpus * config.elastic_max_factor, config.gpus)
     duration = math.exp(rnd.gauss(math.log(config.median_duration_s), config.duration_sigma))
     duration = min(max(duration, config.min_duration_s), config.max_duration_s)
     partial = SimJob(
         name=f"job-{index:05d}",
         arrival_s=0.0,
-        min_workers=max(1, math.ceil(workers * config.elastic_min_fraction)),
+        min_workers=max(1, math.ceil(gpus * config.elastic_min_fraction)),
         max_workers=workers,
         gpus_per_worker=1,
         work_samples=0.0,
-        global_batch=MICRO_BATCH * workers,
+        global_batch=MICRO_BATCH * gpus,
         virtual_nodes=workers,
         priority=rnd.randrange(max(1, config.priorities)),
         alpha_c=0.005,
@@ -127,10 +149,9 @@ def _job(rnd: random.Random, index: int, config: TraceConfig) -> SimJob:
         beta_net=0.002 * rnd.uniform(0.25, 4.0),
         gamma=rnd.uniform(1.0, 3.0),
         loss_b=1.0,
+        requested_workers=gpus,
     )
-    nodes = max(1, math.ceil(gpus / 8))
-    rate = partial.model().goodput(Placement(workers, nodes))
-    work = duration * rate
+    work = duration * _rate(partial)
     steps = work / partial.global_batch
     return replace(partial, work_samples=work, loss_b=steps * rnd.uniform(0.05, 0.5))
 
@@ -139,7 +160,7 @@ def generate(config: TraceConfig, seed: int) -> list[SimJob]:
     """`config.jobs` jobs with Poisson arrivals at the rate that offers `config.load`."""
     rnd = random.Random(seed)
     jobs = [_job(rnd, i, config) for i in range(config.jobs)]
-    gpu_seconds = sum(j.max_workers * j.gpus_per_worker * j.work_samples / _rate(j) for j in jobs)
+    gpu_seconds = sum(j.rigid().max_workers * j.gpus_per_worker * j.work_samples / _rate(j) for j in jobs)
     window = gpu_seconds / (config.load * max(1, config.gpus))
     rate = len(jobs) / window if window > 0 else 1.0
     now = 0.0
@@ -151,12 +172,23 @@ def generate(config: TraceConfig, seed: int) -> list[SimJob]:
 
 
 def _rate(job: SimJob) -> float:
-    nodes = max(1, math.ceil(job.max_workers * job.gpus_per_worker / 8))
-    return max(job.model().goodput(Placement(job.max_workers, nodes)), 1e-9)
+    """Samples per second at the requested size, run rigidly (what the job's duration means)."""
+    rigid = job.rigid()
+    nodes = max(1, math.ceil(rigid.max_workers * job.gpus_per_worker / 8))
+    return max(rigid.model().goodput(Placement(rigid.max_workers, nodes)), 1e-9)
 
 
 COLUMNS = tuple(f.name for f in fields(SimJob))
-_INTS = {"min_workers", "max_workers", "gpus_per_worker", "global_batch", "virtual_nodes", "priority"}
+_INTS = {
+    "min_workers",
+    "max_workers",
+    "gpus_per_worker",
+    "global_batch",
+    "virtual_nodes",
+    "priority",
+    "requested_workers",
+}
+OPTIONAL = {"requested_workers"}  # traces written before it existed: the rigid size is max_workers
 
 
 def write_csv(jobs: Iterable[SimJob]) -> str:
@@ -174,13 +206,15 @@ def write_csv(jobs: Iterable[SimJob]) -> str:
 def read_csv(text: str) -> list[SimJob]:
     """Parses `write_csv`'s format; a missing column or bad value raises ValueError naming it."""
     reader = csv.DictReader(io.StringIO(text))
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ()) and c not in OPTIONAL]
     if missing:
         raise ValueError(f"trace CSV lacks columns: {', '.join(missing)}")
     jobs = []
     for line, row in enumerate(reader, start=2):
         values: dict[str, object] = {}
         for column in COLUMNS:
+            if column in OPTIONAL and not row.get(column):
+                continue
             try:
                 values[column] = _parse(column, row[column])
             except ValueError as error:
@@ -207,5 +241,7 @@ def _parse(column: str, raw: str) -> object:
 def _check(job: SimJob, line: int) -> None:
     if not 1 <= job.min_workers <= job.max_workers:
         raise ValueError(f"trace CSV line {line}: need 1 <= min_workers <= max_workers")
+    if job.requested_workers > job.max_workers:
+        raise ValueError(f"trace CSV line {line}: need requested_workers <= max_workers (0: max_workers)")
     if job.global_batch < 1 or job.virtual_nodes < 1 or job.loss_b <= 0 or job.gpus_per_worker < 0:
         raise ValueError(f"trace CSV line {line}: global_batch, virtual_nodes, loss_b must be > 0")

@@ -138,9 +138,41 @@ def test_generator_is_heavy_tailed_and_seeded() -> None:
     assert arrivals == sorted(arrivals)
 
 
+def test_room_to_grow_keeps_the_request_for_the_rigid_baselines() -> None:
+    """--elastic-max-factor 4: an elastic job may grow to 4x what it asked for, with the same batch
+    split into 4x the virtual nodes; static and restart still run the request, V = request."""
+    asked = generate(TraceConfig(jobs=60, gpus=512), seed=3)
+    roomy = generate(TraceConfig(jobs=60, gpus=512, elastic_max_factor=4), seed=3)
+    for before, job in zip(asked, roomy, strict=True):
+        requested = before.max_workers
+        assert job.requested_workers == requested and job.min_workers == before.min_workers
+        assert job.max_workers == job.virtual_nodes == min(4 * requested, 512)
+        assert job.global_batch == before.global_batch == 32 * requested
+        rigid = job.rigid()
+        assert (rigid.max_workers, rigid.virtual_nodes) == (requested, requested)
+        assert rigid.work_samples == pytest.approx(before.work_samples)  # the same duration when rigid
+    with pytest.raises(ValueError, match="elastic_max_factor 3"):
+        TraceConfig(elastic_max_factor=3)
+
+
+def test_a_trace_without_requested_workers_runs_rigidly_at_max(tmp_path: Path) -> None:
+    jobs = generate(TraceConfig(jobs=5, gpus=64), seed=2)
+    header, *rows = write_csv(jobs).splitlines()
+    column = header.split(",").index("requested_workers")
+
+    def drop(line: str) -> str:
+        return ",".join(v for i, v in enumerate(line.split(",")) if i != column)
+
+    old = read_csv("\n".join(drop(line) for line in [header, *rows]) + "\n")
+    assert [j.rigid().max_workers for j in old] == [j.max_workers for j in jobs]
+
+
 @pytest.mark.parametrize(
     ("argv", "flag"),
     [
+        pytest.param(
+            ["--elastic-max-factor", "3"], "--elastic-max-factor", id="max-factor-not-a-power-of-two"
+        ),
         pytest.param(["--jobs", "0"], "--jobs", id="jobs-zero"),
         pytest.param(["--jobs", "x"], "--jobs", id="jobs-not-a-number"),
         pytest.param(["--spot-fraction", "1.5"], "--spot-fraction", id="spot-fraction"),
