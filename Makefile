@@ -9,6 +9,11 @@ PYTEST := $(PY) -m pytest
 TOOLS_BIN := $(CURDIR)/.tools/bin
 KUBECONFIG_LOCAL := $(CURDIR)/.cluster/kubeconfig
 export PATH := $(TOOLS_BIN):$(PATH)
+# Go's caches for the tools and images built here live in the project's cache, not the user's own,
+# so hack/free-build-caches.sh may remove them when the kind nodes need the disk.
+EBBFLOW_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ebbflow
+export GOMODCACHE ?= $(EBBFLOW_CACHE)/go/mod
+export GOCACHE ?= $(EBBFLOW_CACHE)/go/build
 # Sources that decide whether the editable install is current.
 INSTALL_STAMP := $(VENV)/.installed
 # In CI pip keeps no second copy of the 4.5 GB of torch wheels (a CI machine's disk is limited).

@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ebbflow_operator.recommend import Sample, held_out_errors  # noqa: E402
+from ebbflow_operator.recommend import held_out_errors  # noqa: E402
 from ebbflow_operator.sim.recommend_cli import MEASUREMENT_COLUMNS  # noqa: E402
 from ebbflow_operator.throughput import Measurement  # noqa: E402
 
@@ -76,26 +76,18 @@ def measure(workers: int, micro_batch: int, steps: int) -> Measurement:
         nodes=1,
         accum_steps=len(kept[-1]["vnodes"]) - 1,
         share=max(1.0, workers / (os.cpu_count() or 1)),
+        gpu_type=GPU_TYPE,
     )
 
 
-def write_csv(path: Path, samples: list[Sample]) -> None:
+def write_csv(path: Path, measured: list[Measurement]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow([*MEASUREMENT_COLUMNS, "share"])
-        for s in samples:
-            m = s.measurement
-            row: list[Any] = [
-                s.gpu_type,
-                m.workers,
-                m.nodes,
-                m.micro_batch,
-                m.accum_steps,
-                m.step_s,
-                m.compute_s,
-            ]
-            writer.writerow([*row, m.share])
+        for m in measured:
+            shape: list[Any] = [m.gpu_type, m.workers, m.nodes, m.micro_batch, m.accum_steps]
+            writer.writerow([*shape, m.step_s, m.compute_s, m.share])
 
 
 def main() -> None:
@@ -105,11 +97,11 @@ def main() -> None:
     parser.add_argument("--micro-batches", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "recommender.csv")
     args = parser.parse_args()
-    samples = []
+    measured = []
     for workers in args.workers:
         for micro in args.micro_batches:
             m = measure(workers, micro, args.steps)
-            samples.append(Sample(GPU_TYPE, m))
+            measured.append(m)
             print(
                 json.dumps(
                     {
@@ -122,13 +114,12 @@ def main() -> None:
                 ),
                 flush=True,
             )
-    write_csv(args.out, samples)
-    errors = held_out_errors(samples)
-    for sample, error in zip(samples, errors, strict=True):
-        m = sample.measurement
+    write_csv(args.out, measured)
+    errors = held_out_errors(measured)
+    for m, error in zip(measured, errors, strict=True):
         print(json.dumps({"held_out": f"{m.workers}x{m.micro_batch:g}", "relative_error": round(error, 4)}))
     summary = {
-        "configurations": len(samples),
+        "configurations": len(measured),
         "median_relative_error": round(statistics.median(errors), 4),
         "max_relative_error": round(max(errors), 4),
         "csv": str(args.out),

@@ -8,8 +8,9 @@
 #   - a previous image under the same name is removed first, with the `sha256:<id>` name the CRI
 #     gives an image it ran (otherwise every rebuild stays on every node until the cluster goes);
 #   - no `import-<date>@sha256:...` digest names (kind's `--digests`), which would keep them too.
-# Nodes are done one after another, so the transient extra space is one node's copy. An image
-# already on a node (same ID) is skipped. Pods with imagePullPolicy IfNotPresent or Never run it.
+# Nodes are done one after another, so the transient extra space is one node's copy; before each,
+# hack/free-build-caches.sh makes room for it if the disk is short. An image already on a node (same
+# ID) is skipped. Pods with imagePullPolicy IfNotPresent or Never run it.
 #
 # Usage: hack/kind/load-image.sh IMAGE [NODE,NODE,...]   (default: every node of the cluster)
 set -euo pipefail
@@ -30,6 +31,11 @@ name=$image
 
 ctr_k8s() { docker exec "$1" ctr --namespace k8s.io "${@:2}"; }
 
+# While a node imports, the image is there twice (layer blobs and the unpacked snapshots), plus room
+# for the node's own writes.
+size_mb=$(($(docker image inspect --format '{{.Size}}' "$image") / 1048576))
+needed_mb=$((2 * size_mb + 2048))
+
 IFS=, read -r -a node_list <<<"$nodes"
 for node in "${node_list[@]}"; do
   start=$SECONDS
@@ -41,6 +47,7 @@ for node in "${node_list[@]}"; do
   if [[ -n $present ]]; then
     ctr_k8s "$node" images rm "$name" "$present" >/dev/null 2>&1 || true
   fi
+  bash "$ROOT/hack/free-build-caches.sh" "$needed_mb" "loading $image into $node"
   docker save "$image" | docker exec -i "$node" ctr --namespace k8s.io images import --snapshotter overlayfs - >/dev/null
   ctr_k8s "$node" content rm "${layers[@]}" >/dev/null
   echo "loaded $image into $node in $((SECONDS - start)) s (layer blobs dropped, snapshots kept)" >&2

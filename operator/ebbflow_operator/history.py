@@ -21,10 +21,10 @@ from dataclasses import dataclass, replace
 
 from ebbflow_api import contract
 
-from .model import LABEL_GPU_COUNT, LABEL_GPU_REPLICAS, Job, JobKey, Json, Node, Pod
+from .model import LABEL_GPU_COUNT, LABEL_GPU_PRODUCT, LABEL_GPU_REPLICAS, Job, JobKey, Json, Node, Pod
 from .planner import latest_progress
 from .policies import DEFAULT_RESCALE_PAUSE_S, JobMetrics, NodeDevices
-from .throughput import Measurement
+from .throughput import Measurement, compute_speeds
 
 MAX_MEASUREMENTS = 16
 MAX_LOSSES = 64
@@ -42,7 +42,17 @@ class JobHistory:
     rescale_pause_s: float | None = None
 
 
-def measurement_of(report: Json, nodes: int, share: float) -> Measurement | None:
+@dataclass(frozen=True)
+class Where:
+    """Where a job's workers ran when they reported: how many nodes, the time-slicing share of the
+    most contended one, and their GPU type ("" when unknown or mixed)."""
+
+    nodes: int = 1
+    share: float = 1.0
+    gpu_type: str = ""
+
+
+def measurement_of(report: Json, where: Where) -> Measurement | None:
     """The step shape a report describes; None when it lacks one (an older trainer, no step yet)."""
     shape = [report.get(key) for key in ("worldSize", "microBatch", "stepSeconds", "computeSeconds")]
     if not all(isinstance(value, int | float) and value > 0 for value in shape):
@@ -53,29 +63,24 @@ def measurement_of(report: Json, nodes: int, share: float) -> Measurement | None
         micro_batch=micro_batch,
         step_s=step_s,
         compute_s=compute_s,
-        nodes=max(1, nodes),
+        nodes=max(1, where.nodes),
         accum_steps=max(0, int(report.get("accumulationSteps") or 0)),
-        share=max(1.0, share),
+        share=max(1.0, where.share),
+        gpu_type=where.gpu_type,
     )
 
 
 def _same_shape(a: Measurement, b: Measurement) -> bool:
-    return (a.workers, a.micro_batch, a.nodes, a.accum_steps, a.share) == (
-        b.workers,
-        b.micro_batch,
-        b.nodes,
-        b.accum_steps,
-        b.share,
-    )
+    return replace(a, step_s=0.0, compute_s=0.0) == replace(b, step_s=0.0, compute_s=0.0)
 
 
-def record(history: JobHistory, report: Json, nodes: int, share: float) -> JobHistory:
+def record(history: JobHistory, report: Json, where: Where) -> JobHistory:
     """`history` with `report` added (unchanged when the report was recorded already)."""
     stamp = str(report.get("time") or "")
     if not stamp or stamp == history.last_report:
         return history
     updated = replace(history, last_report=stamp)
-    measured = measurement_of(report, nodes, share)
+    measured = measurement_of(report, where)
     if measured is not None:
         kept = tuple(m for m in history.measurements if not _same_shape(m, measured))
         updated = replace(updated, measurements=(*kept, measured)[-MAX_MEASUREMENTS:])
@@ -105,9 +110,10 @@ def _non_negative(report: Json, key: str) -> float | None:
     return float(value) if isinstance(value, int | float) and value >= 0 else None
 
 
-def node_devices(nodes: Iterable[Node]) -> dict[str, NodeDevices]:
+def node_devices(nodes: Iterable[Node], speeds: Mapping[str, float] | None = None) -> dict[str, NodeDevices]:
     """Physical GPUs behind each node's advertised `nvidia.com/gpu` (GPU feature discovery's
-    labels; without them every advertised GPU is taken for a physical one), and whether it is spot."""
+    labels; without them every advertised GPU is taken for a physical one), whether it is spot, and
+    its GPU type with that type's relative speed (1 when not known)."""
     devices = {}
     for node in nodes:
         physical = node.gpus
@@ -116,8 +122,14 @@ def node_devices(nodes: Iterable[Node]) -> dict[str, NodeDevices]:
             physical = count
         elif replicas and replicas > 1:
             physical = max(1, node.gpus // replicas)
-        physical = min(physical, node.gpus) or node.gpus
-        devices[node.name] = NodeDevices(physical=physical, replicas=node.gpus, spot=node.spot)
+        gpu_type = node.labels.get(LABEL_GPU_PRODUCT, "").removesuffix("-SHARED")
+        devices[node.name] = NodeDevices(
+            physical=min(physical, node.gpus) or node.gpus,
+            replicas=node.gpus,
+            spot=node.spot,
+            gpu_type=gpu_type,
+            speed=(speeds or {}).get(gpu_type, 1.0),
+        )
     return devices
 
 
@@ -126,11 +138,9 @@ def _label_int(node: Node, key: str) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def placement_of(
-    workers: Sequence[Pod], pods: Sequence[Pod], devices: Mapping[str, NodeDevices]
-) -> tuple[int, float]:
-    """(nodes, share) the job's running workers occupy: how many nodes, and the time-slicing share
-    of the most contended one (GPUs held there by any pod over its physical GPUs, at least 1)."""
+def placement_of(workers: Sequence[Pod], pods: Sequence[Pod], devices: Mapping[str, NodeDevices]) -> Where:
+    """Where the job's running workers are: how many nodes, the time-slicing share of the most
+    contended one (GPUs held there by any pod over its physical GPUs, at least 1), their GPU type."""
     nodes = {p.node for p in workers if p.node and p.holds_gpus}
     share = 1.0
     for node in nodes:
@@ -138,7 +148,8 @@ def placement_of(
         if device and device.physical:
             used = sum(p.gpus for p in pods if p.node == node and p.holds_gpus)
             share = max(share, used / device.physical)
-    return len(nodes), share
+    types = {devices[n].gpu_type if n in devices else "" for n in nodes}
+    return Where(len(nodes), share, types.pop() if len(types) == 1 else "")
 
 
 class History:
@@ -160,20 +171,26 @@ class History:
             if report is None:
                 self.jobs[job.key] = previous
                 continue
-            nodes, share = placement_of(workers, pods, devices)
-            self.jobs[job.key] = record(previous, report, nodes, share)
+            self.jobs[job.key] = record(previous, report, placement_of(workers, pods, devices))
         alive = {job.key for job in jobs}
         self.jobs = {key: h for key, h in self.jobs.items() if key in alive}
 
-    def metrics(self, jobs: Sequence[Job]) -> dict[JobKey, JobMetrics]:
-        """What the policies read for each job: its batch shape and its history."""
+    def speeds(self) -> dict[str, float]:
+        """Each GPU type's relative compute speed, pooled over every job measured on two types."""
+        return compute_speeds(h.measurements for h in self.jobs.values())
+
+    def metrics(self, jobs: Sequence[Job], speeds: Mapping[str, float]) -> dict[JobKey, JobMetrics]:
+        """What the policies read for each job: its batch shape and its history, each measurement
+        carrying its GPU type's speed."""
         found = {}
         for job in jobs:
             history = self.jobs.get(job.key, JobHistory())
             found[job.key] = JobMetrics(
                 global_batch=job.spec.global_batch_size,
                 virtual_nodes=job.spec.resolved_virtual_nodes,
-                measurements=history.measurements,
+                measurements=tuple(
+                    replace(m, speed=speeds.get(m.gpu_type, 1.0)) for m in history.measurements
+                ),
                 noise_scale=history.noise_scale,
                 rescale_pause_s=history.rescale_pause_s or DEFAULT_RESCALE_PAUSE_S,
                 rescales=job.status.world_generation or 0,

@@ -38,6 +38,7 @@ SPOT_LABELS: Mapping[str, str] = {
 }
 # NVIDIA GPU feature discovery's node labels: the physical GPU count, time-slicing replicas per GPU.
 LABEL_GPU_COUNT = "nvidia.com/gpu.count"
+LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"  # "-SHARED" appended when time-sliced
 LABEL_GPU_REPLICAS = "nvidia.com/gpu.replicas"
 # Taints the node lifecycle controller sets on nodes that are not healthy.
 CONDITION_TAINT_PREFIX = "node.kubernetes.io/"

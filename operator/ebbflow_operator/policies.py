@@ -53,6 +53,8 @@ class NodeDevices:
     physical: int
     replicas: int
     spot: bool = False  # may be taken away at any time (model.SPOT_LABELS)
+    gpu_type: str = ""  # the GPU product (model.LABEL_GPU_PRODUCT without "-SHARED")
+    speed: float = 1.0  # relative compute speed of that type (throughput.compute_speeds)
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ def _fit(free: int, whole: int) -> tuple[bool, int]:
 class SlicedPacking(Packing):
     """`Packing` that knows physical devices, spot nodes and locality: after the nodes a job runs on
     now it prefers on-demand nodes for its minimum and spot nodes beyond it, then a node where the
-    worker gets an idle physical GPU, then one the job was just given
+    worker gets an idle physical GPU, then the fastest GPU type, then one the job was just given
     (fewer nodes, cheaper sync), then best fit; a job's first worker goes to the best-fitting node
     that could hold the whole job, else the roomiest, so jobs grow locally instead of
     interleaving. It also reports a job's placement."""
@@ -150,11 +152,32 @@ class SlicedPacking(Packing):
         mine = set(placed)
         if mine:
             return min(
-                fits, key=lambda n: (misplaced(n), self._shared(n, need), n not in mine, self.free[n], n)
+                fits,
+                key=lambda n: (
+                    misplaced(n),
+                    self._shared(n, need),
+                    -self._speed(n),
+                    n not in mine,
+                    self.free[n],
+                    n,
+                ),
             )
         # A first worker: best fit among the nodes that could hold the whole job, else the roomiest.
         whole = demand.max * need
-        return min(fits, key=lambda n: (misplaced(n), self._shared(n, need), *_fit(self.free[n], whole), n))
+        return min(
+            fits,
+            key=lambda n: (
+                misplaced(n),
+                self._shared(n, need),
+                -self._speed(n),
+                *_fit(self.free[n], whole),
+                n,
+            ),
+        )
+
+    def _speed(self, node: str) -> float:
+        device = self.devices.get(node)
+        return device.speed if device is not None else 1.0
 
     def place(self, demand: Demand) -> bool:
         node = self.peek(demand)
@@ -218,7 +241,8 @@ class SlicedPacking(Packing):
             nodes.append(extra)
         real = {n for n in nodes if n}
         share = max((self.share(n, demand.gpus_per_worker if n == extra else 0) for n in real), default=1.0)
-        return Placement(workers=len(nodes), nodes=max(1, len(real)), share=share)
+        speed = min((self._speed(n) for n in real), default=1.0)
+        return Placement(workers=len(nodes), nodes=max(1, len(real)), share=share, speed=speed)
 
 
 # A job's utility at a placement (higher is better); the greedy maximises their sum.

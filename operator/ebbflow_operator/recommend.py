@@ -1,34 +1,25 @@
 """The time/cost recommender (Tyagi & Sharma's question for elastic jobs): which configuration of
 workers and GPU type trains a job cheapest within a deadline, or fastest within a budget. Pure.
 
-From measured steps of one job (`Sample`: a `throughput.Measurement` on a GPU type) it fits the
-Pollux step-time model (`throughput.fit`) on the type measured most (the reference), and a relative
-compute speed for every other measured type (the median of reference-predicted over measured
-compute seconds per micro-batch; sync is taken to be the same on every type). Types with no
-measurement use the speed the price table declares. Then every offer x worker count is predicted:
-step seconds at its placement (workers packed on as few nodes as the offer's node size allows),
-hours for the job's remaining steps, and cost = workers x price per GPU-hour x hours.
+From measured steps of one job (`throughput.Measurement`s, each on a `gpu_type`) it learns a
+relative compute speed per measured type (`throughput.compute_speeds`: the type measured most is
+the reference, speed 1; sync is taken to be the same on every type), fits the Pollux step-time
+model to all measurements normalised to the reference (`throughput.fit`), and predicts every
+offer x worker count: step seconds at its placement (workers packed on as few nodes as the
+offer's node size allows, compute divided by the type's speed; types never measured use the speed
+the price table declares), hours for the job's remaining steps, and cost = workers x price per
+GPU-hour x hours.
 
-`held_out_errors` says how far to trust it: each sample predicted by a fit of all the others.
+`held_out_errors` says how far to trust it: each measurement predicted by a fit of all the others.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from .throughput import Measurement, Placement, ThroughputParams, fit, step_shape
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One measured configuration of the job: its step shape and times, on `gpu_type`."""
-
-    gpu_type: str
-    measurement: Measurement
+from .throughput import Measurement, Placement, ThroughputParams, compute_speeds, fit, step_shape
 
 
 @dataclass(frozen=True)
@@ -67,37 +58,29 @@ class Option:
 
 @dataclass(frozen=True)
 class Model:
-    """The fitted step-time model of the reference type and every measured type's compute speed."""
+    """The fitted step-time model (reference type) and every measured type's compute speed."""
 
     params: ThroughputParams
-    reference: str
     speeds: dict[str, float]
+
+    @property
+    def reference(self) -> str:
+        return next((t for t, speed in self.speeds.items() if speed == 1.0), "")
 
     def step_s(self, gpu_type: str, speed: float, placement: Placement, micro: float, accum: int) -> float:
         """Predicted step seconds on `gpu_type` (`speed` when it was never measured)."""
-        factor = 1.0 / self.speeds.get(gpu_type, speed)
-        params = replace(
-            self.params, alpha_c=self.params.alpha_c * factor, beta_c=self.params.beta_c * factor
-        )
-        return params.step_s(placement, micro, accum)
+        placed = replace(placement, speed=self.speeds.get(gpu_type, speed))
+        return self.params.step_s(placed, micro, accum)
 
 
-def fit_model(samples: Sequence[Sample]) -> Model:
-    """The reference type's fit plus a compute speed per other measured type."""
-    if not samples:
+def fit_model(measurements: Sequence[Measurement]) -> Model:
+    """Speeds per type, then one fit of every measurement normalised by its type's speed."""
+    if not measurements:
         raise ValueError("no measurements: run the job at a few sizes first (see docs/recommender.md)")
-    reference = Counter(s.gpu_type for s in samples).most_common(1)[0][0]
-    params = fit([s.measurement for s in samples if s.gpu_type == reference])
-    speeds = {reference: 1.0}
-    for gpu_type in {s.gpu_type for s in samples} - {reference}:
-        ratios = [
-            params.compute_s(s.measurement.micro_batch) / s.measurement.compute_s
-            for s in samples
-            if s.gpu_type == gpu_type and s.measurement.compute_s > 0
-        ]
-        if ratios:
-            speeds[gpu_type] = statistics.median(ratios)
-    return Model(params, reference, speeds)
+    speeds = compute_speeds([measurements]) or {"": 1.0}
+    known = [m for m in measurements if m.gpu_type in speeds]
+    params = fit([replace(m, speed=speeds[m.gpu_type]) for m in known])
+    return Model(params, speeds)
 
 
 def predict(model: Model, offer: Offer, workers: int, goal: Goal) -> Option:
@@ -130,18 +113,16 @@ def choose(candidates: Sequence[Option], goal: Goal) -> Option | None:
     return min(candidates, key=lambda o: (o.hours, o.cost), default=None)
 
 
-def held_out_errors(samples: Sequence[Sample]) -> list[float]:
-    """|predicted - measured| / measured step time of each sample, from a fit of all the others
-    (leave one out); samples whose type has no other measurement are skipped."""
+def held_out_errors(measurements: Sequence[Measurement]) -> list[float]:
+    """|predicted - measured| / measured step time of each measurement, from a fit of all the
+    others (leave one out); one whose type has no other measurement is skipped."""
     errors = []
-    for index, held in enumerate(samples):
-        rest = [s for i, s in enumerate(samples) if i != index]
-        if not any(s.gpu_type == held.gpu_type for s in rest):
+    for index, held in enumerate(measurements):
+        rest = [m for i, m in enumerate(measurements) if i != index]
+        if not any(m.gpu_type == held.gpu_type for m in rest):
             continue
         model = fit_model(rest)
-        m = held.measurement
-        predicted = model.step_s(
-            held.gpu_type, 1.0, Placement(m.workers, m.nodes, m.share), m.micro_batch, m.accum_steps
-        )
-        errors.append(abs(predicted - m.step_s) / m.step_s)
+        placement = Placement(held.workers, held.nodes, held.share)
+        predicted = model.step_s(held.gpu_type, 1.0, placement, held.micro_batch, held.accum_steps)
+        errors.append(abs(predicted - held.step_s) / held.step_s)
     return errors

@@ -223,9 +223,11 @@ class Reconciler:
         """The configured policy for this pass, fed with the history the pass just updated."""
         if self.config.policy == "fair":
             return PriorityFairShare()
-        devices = node_devices(nodes)
-        self.history.update(jobs, pods, devices)
-        return policy_named(self.config.policy, self.history.metrics(jobs), devices, now)
+        self.history.update(jobs, pods, node_devices(nodes))
+        speeds = self.history.speeds()
+        return policy_named(
+            self.config.policy, self.history.metrics(jobs, speeds), node_devices(nodes, speeds), now
+        )
 
     def _apply(self, plan: Plan) -> int:
         """Status first (it records what the deletions mean), then deletions, creations, events.

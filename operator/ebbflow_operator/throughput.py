@@ -17,6 +17,10 @@ job's most contended node; compute runs `share` times slower there, plus TIME_SL
 the context switches (an assumed constant), and synchronous training waits for the slowest
 worker, so T_acc is multiplied by `slowdown(share)`. Exclusive devices are therefore preferred.
 
+GPU types: a placement's `speed` is the relative compute speed of the slowest GPU type among the
+job's nodes (1 for the reference type); T_acc is divided by it. A measurement taken on a type of
+known speed is normalised back to the reference before fitting (sync is taken to be type-free).
+
 Fitting (`fit`) is plain Python (numpy is not an operator dependency): the compute line by
 weighted linear least squares on the measured compute seconds; then, for each gamma on a coarse
 log grid refined by golden-section search, the per-measurement sync time implied by the model is
@@ -31,7 +35,9 @@ scale, M0: the batch the job was tuned for). With the batch fixed (M == M0), E =
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -47,6 +53,7 @@ class Placement:
     workers: int
     nodes: int = 1
     share: float = 1.0
+    speed: float = 1.0  # relative compute speed of the slowest GPU type among the job's nodes
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,8 @@ class Measurement:
     nodes: int = 1
     accum_steps: int = 0  # s: micro-batches accumulated before the synchronising one
     share: float = 1.0  # time-slicing share the workers ran under
+    gpu_type: str = ""  # the GPU product the workers ran on ("" unknown or mixed)
+    speed: float = 1.0  # that type's relative compute speed (set when the speeds are known)
 
 
 @dataclass(frozen=True)
@@ -94,7 +103,7 @@ class ThroughputParams:
 
     def step_s(self, placement: Placement, micro_batch: float, accum_steps: int) -> float:
         """Predicted seconds per optimiser step (T_iter)."""
-        compute = self.compute_s(micro_batch) * slowdown(placement.share)
+        compute = self.compute_s(micro_batch) * slowdown(placement.share) / max(placement.speed, 1e-9)
         return accum_steps * compute + _overlap(compute, self.sync_s(placement), self.gamma)
 
 
@@ -168,7 +177,7 @@ def _line(xs: Sequence[float], ys: Sequence[float], fallback_slope: float) -> tu
 
 def _fit_compute(data: Sequence[Measurement], prior: ThroughputParams) -> tuple[float, float]:
     xs = [m.micro_batch for m in data]
-    ys = [m.compute_s / slowdown(m.share) for m in data]
+    ys = [m.compute_s / slowdown(m.share) * m.speed for m in data]
     if max(xs) - min(xs) > 1e-9:
         return _line(xs, ys, prior.beta_c)
     # One micro-batch size seen: keep the prior's split between fixed and per-sample cost.
@@ -192,13 +201,20 @@ def _fit_sync(
         if not group:
             continue
         xs = [float(m.workers - 2) for m in group]
-        ys = [_implied_sync(m, base.compute_s(m.micro_batch) * slowdown(m.share), gamma) for m in group]
+        ys = [
+            _implied_sync(m, base.compute_s(m.micro_batch) * slowdown(m.share) / m.speed, gamma)
+            for m in group
+        ]
         slope = base.beta_local if local else base.beta_net
         alpha, beta = _line(xs, ys, slope)
         fields = ("alpha_local", "beta_local") if local else ("alpha_net", "beta_net")
         params = replace(params, **{fields[0]: alpha, fields[1]: beta})
     error = sum(
-        (params.step_s(Placement(m.workers, m.nodes, m.share), m.micro_batch, m.accum_steps) - m.step_s) ** 2
+        (
+            params.step_s(Placement(m.workers, m.nodes, m.share, m.speed), m.micro_batch, m.accum_steps)
+            - m.step_s
+        )
+        ** 2
         for m in data
     )
     return params, error
@@ -240,3 +256,31 @@ def fit_cached(
 ) -> ThroughputParams:
     """`fit`, memoised: a policy pass refits only the jobs whose measurements changed."""
     return fit(measurements, prior)
+
+
+def compute_speeds(jobs: Iterable[Sequence[Measurement]]) -> dict[str, float]:
+    """Relative compute speed of each GPU type, from jobs measured on more than one type.
+
+    The reference type (speed 1) is the one measured most. For a job measured on the reference and
+    on type t, its ratio is the reference-fitted compute time over the compute time measured on t
+    (median over its measurements); t's speed is the median ratio over such jobs. Types no job
+    links to the reference are left out (callers assume 1).
+    """
+    measured = [list(job) for job in jobs]
+    counts = Counter(m.gpu_type for job in measured for m in job if m.gpu_type)
+    if not counts:
+        return {}
+    reference = counts.most_common(1)[0][0]
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for job in measured:
+        on_reference = tuple(m for m in job if m.gpu_type == reference)
+        others = [m for m in job if m.gpu_type not in ("", reference) and m.compute_s > 0]
+        if not on_reference or not others:
+            continue
+        line = fit_cached(on_reference)
+        by_type: dict[str, list[float]] = defaultdict(list)
+        for m in others:
+            by_type[m.gpu_type].append(line.compute_s(m.micro_batch) * slowdown(m.share) / m.compute_s)
+        for gpu_type, values in by_type.items():
+            ratios[gpu_type].append(statistics.median(values))
+    return {reference: 1.0, **{t: statistics.median(v) for t, v in ratios.items()}}

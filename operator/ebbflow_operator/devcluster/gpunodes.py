@@ -16,9 +16,8 @@ from ebbflow_api.waiting import wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from ebbflow_operator.model import GPU_RESOURCE, LABEL_GPU_COUNT, LABEL_GPU_REPLICAS
+from ebbflow_operator.model import GPU_RESOURCE, LABEL_GPU_COUNT, LABEL_GPU_PRODUCT, LABEL_GPU_REPLICAS
 
-LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"
 LABEL_GPU_SHARING = "nvidia.com/gpu.sharing-strategy"
 LABEL_SPOT = "karpenter.sh/capacity-type"  # the de-facto capacity-type label (Karpenter)
 SPOT = "spot"

@@ -153,9 +153,13 @@ def load_image(image: str, nodes: tuple[str, ...] = ()) -> None:
 
 
 def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None) -> None:
-    """Cluster, images, device plugin, the demo's and e2e's namespaces, the operator by `helm
+    """Images, cluster, device plugin, the demo's and e2e's namespaces, the operator by `helm
     install` (CHART_VALUES) and Prometheus; each step is cached or idempotent: a second call on a
-    running cluster takes seconds. `say` hears each step as it ends, with its duration."""
+    running cluster takes seconds. `say` hears each step as it ends, with its duration.
+
+    Every image is built before the cluster starts, so the trainer build's transient space and the
+    kind nodes' copies of it are never needed at once; loading into a node frees build-only caches
+    when the disk is short (hack/kind/load-image.sh, hack/free-build-caches.sh)."""
     started = time.monotonic()
 
     def done(step: str) -> None:
@@ -163,31 +167,32 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None) -> None:
         say(f"  {step}: {time.monotonic() - started:.0f} s")
         started = time.monotonic()
 
+    run("bash", "hack/images/build-images.sh")
+    plugin = run("bash", "hack/fake-gpu-plugin/build-image.sh").strip().splitlines()[-1]
+    run("bash", "hack/build-tools.sh", "prometheus")
+    prometheus = run("bash", "hack/prometheus/build-image.sh").strip().splitlines()[-1]
+    done("images (operator, trainer, device plugin, Prometheus)")
     run("bash", "hack/kind/up.sh")
     for namespace in (DEMO_NAMESPACE, E2E_NAMESPACE):
         kind.ensure_namespace(namespace)
     done("kind cluster (hack/kind/up.sh)")
-    run("bash", "hack/images/build-images.sh")
-    done("images (hack/images/build-images.sh)")
     load_image(TRAINER_IMAGE, WORKERS)
     done(f"{TRAINER_IMAGE} in the worker nodes")
-    plugin = run("bash", "hack/fake-gpu-plugin/build-image.sh").strip().splitlines()[-1]
     load_image(plugin)
     manifest = (REPO / "hack" / "fake-gpu-plugin" / "deploy.yaml").read_text()
     kind.kubectl("apply", "-f", "-", input=manifest.replace("ebbflow/fake-gpu-plugin:latest", plugin))
     done("fake GPU device plugin")
     install_chart(kind, CHART_VALUES)
     done("operator (helm upgrade --install charts/ebbflow)")
-    install_prometheus(kind)
+    install_prometheus(kind, prometheus)
     wait_for(kind.gpus_advertised, 180, "the device plugin's nvidia.com/gpu on every worker")
     done("Prometheus; nvidia.com/gpu advertised")
 
 
-def install_prometheus(kind: Kind) -> None:
-    """Prometheus (built from the Go module proxy, hack/prometheus) scraping the operator and the
-    trainers as the chart's ServiceMonitor and PodMonitor would; queried through the API server."""
-    run("bash", "hack/build-tools.sh", "prometheus")
-    image = run("bash", "hack/prometheus/build-image.sh").strip().splitlines()[-1]
+def install_prometheus(kind: Kind, image: str) -> None:
+    """Prometheus (`image`, built from the Go module proxy by hack/prometheus) scraping the operator
+    and the trainers as the chart's ServiceMonitor and PodMonitor would; queried through the API
+    server."""
     load_image(image, WORKERS)
     manifest = (REPO / "hack" / "prometheus" / "prometheus.yaml").read_text()
     kind.kubectl("apply", "-f", "-", input=manifest.replace("ebbflow/prometheus:dev", image))

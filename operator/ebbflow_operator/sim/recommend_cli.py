@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from ..recommend import Goal, Offer, Option, Sample, choose, fit_model, held_out_errors, options
+from ..recommend import Goal, Offer, Option, choose, fit_model, held_out_errors, options
 from ..throughput import Measurement
 
 T = TypeVar("T")
@@ -96,8 +96,8 @@ def _rows(path: Path, required: Sequence[str]) -> list[_Row]:
         raise InputError(f"{path}: {error.strerror}") from None
 
 
-def read_samples(path: Path) -> list[Sample]:
-    samples = []
+def read_measurements(path: Path) -> list[Measurement]:
+    measurements = []
     for row in _rows(path, MEASUREMENT_COLUMNS):
         measurement = Measurement(
             workers=row.get("workers", int),
@@ -107,13 +107,14 @@ def read_samples(path: Path) -> list[Sample]:
             nodes=row.get("nodes", int),
             accum_steps=row.get("accumulation_steps", int),
             share=row.get("share", float, 1.0),
+            gpu_type=row.values["gpu_type"].strip(),
         )
         if measurement.workers < 1 or measurement.step_s <= 0 or measurement.compute_s <= 0:
             raise row.error("workers, step_seconds and compute_seconds must be > 0")
-        samples.append(Sample(row.values["gpu_type"].strip(), measurement))
-    if not samples:
+        measurements.append(measurement)
+    if not measurements:
         raise InputError(f"{path}: no measurements; measure the job at a few sizes first")
-    return samples
+    return measurements
 
 
 def read_offers(path: Path) -> list[Offer]:
@@ -145,14 +146,14 @@ def run(argv: Sequence[str] | None = None) -> dict[str, object]:
     p = parser()
     args = p.parse_args(argv)
     try:
-        samples, offers = read_samples(args.measurements), read_offers(args.prices)
+        measured, offers = read_measurements(args.measurements), read_offers(args.prices)
     except InputError as error:
         p.error(str(error))
     goal = Goal(args.steps, args.global_batch, args.virtual_nodes, args.deadline_hours, args.budget)
-    model = fit_model(samples)
+    model = fit_model(measured)
     candidates = options(model, offers, goal)
     choice = choose(candidates, goal)
-    errors = held_out_errors(samples)
+    errors = held_out_errors(measured)
     report: dict[str, object] = {
         "choice": None if choice is None else vars(choice),
         "median_held_out_error": statistics.median(errors) if errors else None,

@@ -12,6 +12,7 @@ from ebbflow_operator.history import (
     MAX_LOSSES,
     History,
     JobHistory,
+    Where,
     measurement_of,
     node_devices,
     placement_of,
@@ -63,14 +64,14 @@ def report(step: int, time: str, **fields: Any) -> dict[str, Any]:
     ],
 )
 def test_a_report_becomes_one_measurement(fields: dict[str, Any], expected: Measurement | None) -> None:
-    assert measurement_of(report(10, "t1", **fields), nodes=2, share=1.5) == expected
+    assert measurement_of(report(10, "t1", **fields), Where(nodes=2, share=1.5)) == expected
 
 
 def test_a_report_is_recorded_once_and_a_known_shape_is_replaced_not_repeated() -> None:
-    history = record(JobHistory(), report(10, "t1"), nodes=1, share=1.0)
-    assert record(history, report(10, "t1"), nodes=1, share=1.0) is history  # the same report again
-    history = record(history, report(20, "t2", stepSeconds=0.9), nodes=1, share=1.0)
-    history = record(history, report(30, "t3", worldSize=4, stepSeconds=0.6), nodes=1, share=1.0)
+    history = record(JobHistory(), report(10, "t1"), Where())
+    assert record(history, report(10, "t1"), Where()) is history  # the same report again
+    history = record(history, report(20, "t2", stepSeconds=0.9), Where())
+    history = record(history, report(30, "t3", worldSize=4, stepSeconds=0.6), Where())
     assert [(m.workers, m.step_s) for m in history.measurements] == [(2, 0.9), (4, 0.6)]
     assert history.losses == ((10.0, 0.2), (20.0, 0.1), (30.0, 2.0 / 30))
     assert history.step == 30.0 and history.last_report == "t3"
@@ -79,15 +80,15 @@ def test_a_report_is_recorded_once_and_a_known_shape_is_replaced_not_repeated() 
 def test_losses_keep_the_first_and_the_newest_and_never_go_back_in_step() -> None:
     history = JobHistory()
     for step in range(1, MAX_LOSSES + 11):
-        history = record(history, report(step, f"t{step}"), nodes=1, share=1.0)
-    history = record(history, report(5, "late"), nodes=1, share=1.0)  # a restarted job's older step
+        history = record(history, report(step, f"t{step}"), Where())
+    history = record(history, report(5, "late"), Where())  # a restarted job's older step
     assert len(history.losses) == MAX_LOSSES
     assert [k for k, _ in history.losses] == [1.0] + [float(s) for s in range(12, MAX_LOSSES + 11)]
 
 
 def test_noise_scale_and_pause_keep_their_last_measured_value() -> None:
-    history = record(JobHistory(), report(1, "t1", noiseScale=64.0, rescalePauseSeconds=4.5), 1, 1.0)
-    history = record(history, report(2, "t2", noiseScale=None, rescalePauseSeconds=None), 1, 1.0)
+    history = record(JobHistory(), report(1, "t1", noiseScale=64.0, rescalePauseSeconds=4.5), Where())
+    history = record(history, report(2, "t2", noiseScale=None, rescalePauseSeconds=None), Where())
     assert (history.noise_scale, history.rescale_pause_s) == (64.0, 4.5)
 
 
@@ -113,7 +114,7 @@ def test_placement_counts_nodes_and_the_most_contended_share() -> None:
     workers = [make_worker(train, 0, "a"), make_worker(train, 1, "b"), make_worker(train, 2, None)]
     busy = [make_worker(other, i, "b") for i in range(3)]  # b: 4 GPUs held on 2 physical
     devices = {"a": NodeDevices(4, 4), "b": NodeDevices(2, 8)}
-    assert placement_of(workers, [*workers, *busy], devices) == (2, 2.0)
+    assert placement_of(workers, [*workers, *busy], devices) == Where(nodes=2, share=2.0)
 
 
 def _annotated(job: Any, index: int, body: dict[str, Any]) -> Any:
@@ -128,7 +129,7 @@ def test_history_reads_the_newest_worker_report_and_forgets_deleted_jobs() -> No
     ]
     history = History()
     history.update([train], pods, node_devices([make_node("a")]))
-    (metrics,) = history.metrics([train]).values()
+    (metrics,) = history.metrics([train], {}).values()
     assert (metrics.global_batch, metrics.virtual_nodes, metrics.step) == (32, 4, 10.0)
     assert [m.workers for m in metrics.measurements] == [2]
     history.update([], pods, {})
@@ -141,7 +142,7 @@ def test_after_a_restart_the_history_starts_from_the_status_report() -> None:
     train = make_job(JobBuilder("train").replicas(1, 4), status=status)
     history = History()
     history.update([train], [], {})
-    (metrics,) = history.metrics([train]).values()
+    (metrics,) = history.metrics([train], {}).values()
     assert metrics.step == 42.0 and [m.workers for m in metrics.measurements] == [3]
 
 
@@ -157,3 +158,40 @@ def test_policy_named_builds_each_policy(name: str, kind: type) -> None:
 def test_an_unknown_policy_is_refused_naming_the_choices() -> None:
     with pytest.raises(ValueError, match="fair, goodput, quality"):
         policy_named("fastest", {}, {}, 0.0)
+
+
+def test_where_names_the_gpu_type_only_when_every_node_has_the_same() -> None:
+    train = make_job(JobBuilder("train").replicas(1, 4))
+    devices = {
+        "a": NodeDevices(4, 4, gpu_type="A100"),
+        "b": NodeDevices(4, 4, gpu_type="A100"),
+        "t": NodeDevices(4, 4, gpu_type="T4"),
+    }
+    same = [make_worker(train, 0, "a"), make_worker(train, 1, "b")]
+    mixed = [make_worker(train, 0, "a"), make_worker(train, 1, "t")]
+    assert placement_of(same, same, devices).gpu_type == "A100"
+    assert placement_of(mixed, mixed, devices).gpu_type == ""
+
+
+def test_time_sliced_products_are_one_type_with_the_learned_speed() -> None:
+    labels = {"nvidia.com/gpu.product": "Tesla-T4-SHARED", "nvidia.com/gpu.replicas": "2"}
+    (device,) = node_devices([Node("t", 8, labels=labels)], {"Tesla-T4": 0.4}).values()
+    assert (device.gpu_type, device.speed, device.physical) == ("Tesla-T4", 0.4, 4)
+
+
+def test_speeds_are_pooled_over_jobs_and_reach_the_measurements() -> None:
+    """Job a ran on A100 and T4 (compute 2.5x slower there); job b only on A100."""
+    history = History()
+    where_a100, where_t4 = Where(1, 1.0, "A100"), Where(1, 1.0, "T4")
+    a = record(JobHistory(), report(1, "t1", computeSeconds=0.4), where_a100)
+    a = record(a, report(2, "t2", computeSeconds=1.0, worldSize=3), where_t4)
+    b = record(JobHistory(), report(1, "t1", computeSeconds=0.2), where_a100)
+    history.jobs = {("ns", "a"): a, ("ns", "b"): b}
+    speeds = history.speeds()
+    assert speeds == {"A100": 1.0, "T4": pytest.approx(0.4)}
+    job_a = make_job(JobBuilder("a").replicas(1, 4))
+    (metrics,) = history.metrics([job_a], speeds).values()
+    assert [(m.gpu_type, m.speed) for m in metrics.measurements] == [
+        ("A100", 1.0),
+        ("T4", pytest.approx(0.4)),
+    ]

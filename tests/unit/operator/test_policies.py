@@ -271,6 +271,21 @@ def test_packing_puts_a_jobs_minimum_on_demand_and_the_rest_on_spot() -> None:
     assert packing.nodes_of(job.key) == ["od", "od", "spot", "spot", "spot", "spot"]
 
 
+def test_packing_prefers_the_faster_gpu_type_and_the_placement_runs_at_the_slowest() -> None:
+    devices = {
+        "fast": NodeDevices(2, 2, gpu_type="H100", speed=2.0),
+        "slow": NodeDevices(4, 4, gpu_type="T4"),
+    }
+    free = {"fast": 2, "slow": 4}
+    packing = SlicedPacking(free, devices)
+    job = make_demand("a", 1, 3, nodes=free)
+    assert packing.place(job) and packing.place(job)
+    assert packing.nodes_of(job.key) == ["fast", "fast"]
+    assert packing.placement(job).speed == 2.0
+    assert packing.place(job)  # the third worker only fits on the slow node: the step waits for it
+    assert packing.placement(job) == Placement(workers=3, nodes=2, share=1.0, speed=1.0)
+
+
 def test_running_workers_stay_on_spot_even_below_the_minimum() -> None:
     devices = {"od": NodeDevices(4, 4), "spot": NodeDevices(4, 4, spot=True)}
     packing = SlicedPacking({"od": 4, "spot": 4}, devices)

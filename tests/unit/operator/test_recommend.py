@@ -10,7 +10,6 @@ from ebbflow_operator.recommend import (
     Goal,
     Offer,
     Option,
-    Sample,
     choose,
     fit_model,
     held_out_errors,
@@ -27,17 +26,12 @@ V, B = 8, 128
 
 def sample(
     workers: int, micro: float, gpu_type: str = "a100", speed: float = 1.0, gpus_per_node: int = 4
-) -> Sample:
+) -> Measurement:
     """What the trainers of a job following TRUE (compute `speed` times as fast) would report."""
     nodes = -(-workers // gpus_per_node)
     accum = -(-V // workers) - 1
-    compute = TRUE.compute_s(micro) / speed
-    params = ThroughputParams(
-        TRUE.alpha_c / speed, TRUE.beta_c / speed, TRUE.alpha_local, TRUE.beta_local,
-        TRUE.alpha_net, TRUE.beta_net, TRUE.gamma,
-    )  # fmt: skip
-    step = params.step_s(Placement(workers, nodes), micro, accum)
-    return Sample(gpu_type, Measurement(workers, micro, step, compute, nodes, accum))
+    step = TRUE.step_s(Placement(workers, nodes, speed=speed), micro, accum)
+    return Measurement(workers, micro, step, TRUE.compute_s(micro) / speed, nodes, accum, gpu_type=gpu_type)
 
 
 MEASURED = [sample(k, m) for k in (1, 2, 4, 6, 8) for m in (8.0, 16.0)]
@@ -55,7 +49,7 @@ def test_a_second_gpu_types_speed_is_learned_from_its_measurements() -> None:
     assert model.reference == "a100"
     assert model.speeds["t4"] == pytest.approx(0.4, rel=0.02)
     predicted = predict(model, Offer("t4", 0.5, gpus_per_node=4), 4, Goal(1000, B, V))
-    expected = sample(4, B / V, "t4", speed=0.4).measurement.step_s
+    expected = sample(4, B / V, "t4", speed=0.4).step_s
     assert predicted.step_s == pytest.approx(expected, rel=0.05)
 
 
@@ -123,10 +117,9 @@ def _write(path: Path, text: str) -> Path:
 
 def _measurements_csv(path: Path) -> Path:
     lines = ["gpu_type,workers,nodes,micro_batch,accumulation_steps,step_seconds,compute_seconds"]
-    for s in MEASURED:
-        m = s.measurement
+    for m in MEASURED:
         lines.append(
-            f"{s.gpu_type},{m.workers},{m.nodes},{m.micro_batch},{m.accum_steps},{m.step_s},{m.compute_s}"
+            f"{m.gpu_type},{m.workers},{m.nodes},{m.micro_batch},{m.accum_steps},{m.step_s},{m.compute_s}"
         )
     return _write(path / "measured.csv", "\n".join(lines) + "\n")
 

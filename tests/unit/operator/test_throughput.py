@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from ebbflow_operator.throughput import (
@@ -12,6 +13,7 @@ from ebbflow_operator.throughput import (
     Measurement,
     Placement,
     ThroughputParams,
+    compute_speeds,
     fit,
     fit_cached,
     slowdown,
@@ -121,6 +123,49 @@ def test_compute_measured_under_time_slicing_is_corrected() -> None:
         for micro in (16.0, 64.0)
     ]
     assert fit(shots).compute_s(32.0) == pytest.approx(TRUE.compute_s(32.0))
+
+
+def test_a_slower_gpu_types_measurements_fit_the_reference_model() -> None:
+    """Measured on a type at half the speed, normalised by that speed: the same parameters."""
+    slow = []
+    for m in measure(TRUE):
+        step = TRUE.step_s(Placement(m.workers, m.nodes, speed=0.5), m.micro_batch, 1)
+        slow.append(replace(m, step_s=step, compute_s=m.compute_s / 0.5, gpu_type="T4", speed=0.5))
+    fitted = fit(slow)
+    for workers, nodes in ((1, 1), (4, 1), (16, 2)):
+        assert fitted.step_s(Placement(workers, nodes), 32.0, 1) == pytest.approx(
+            TRUE.step_s(Placement(workers, nodes), 32.0, 1), rel=0.02
+        )
+
+
+def _on(gpu_type: str, compute_s: float, micro: float = 32.0) -> Measurement:
+    return Measurement(1, micro, compute_s, compute_s, gpu_type=gpu_type)
+
+
+@pytest.mark.parametrize(
+    ("jobs", "expected"),
+    [
+        pytest.param([], {}, id="nothing-measured"),
+        pytest.param([[_on("A100", 0.1)]], {"A100": 1.0}, id="one-type"),
+        pytest.param(
+            [[_on("A100", 0.1), _on("A100", 0.2, 64.0), _on("T4", 0.25)], [_on("A100", 0.3)]],
+            {"A100": 1.0, "T4": 0.4},
+            id="a-job-on-both-types-links-them",
+        ),
+        pytest.param(
+            [[_on("A100", 0.1)], [_on("A100", 0.3)], [_on("T4", 0.25)]],
+            {"A100": 1.0},
+            id="no-job-on-both-types-no-speed",
+        ),
+        pytest.param(
+            [[_on("A100", 0.1), _on("T4", 0.25)], [_on("A100", 0.1), _on("T4", 0.5)], [_on("A100", 0.1)]],
+            {"A100": 1.0, "T4": pytest.approx(0.3)},
+            id="median-over-jobs",
+        ),
+    ],
+)
+def test_compute_speeds(jobs: list[list[Measurement]], expected: dict[str, float]) -> None:
+    assert compute_speeds(jobs) == expected
 
 
 def test_fitted_values_are_never_negative() -> None:

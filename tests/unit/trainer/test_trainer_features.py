@@ -539,10 +539,16 @@ def test_the_status_model_accepts_the_progress_report_with_its_evaluation() -> N
     spec = _spec(eval_fn=lambda model: {"accuracy": 0.5, "nll": math.nan})
     evaluation = Evaluation(spec, lambda: torch.autocast("cpu", enabled=False))
     evaluation.run(20)
-    report = metrics.ProgressReporter.report(20, 640, 0.3, 99.0, evaluation.report())
+    shape = metrics.StepShape(2, 8, 2, 0.5, 0.3, noise_scale=120.0, rescale_pause_seconds=3.5)
+    report = metrics.ProgressReporter.report(20, 640, 0.3, 99.0, evaluation.report(), shape)
     parsed = parse_progress(json.dumps(report))
     assert parsed == report and tuple(report) == contract.PROGRESS_FIELDS
     status = ElasticTrainingJobStatus.model_validate({"progress": parsed})
     assert status.progress is not None and status.progress.eval is not None
     assert status.progress.eval.metrics == {"accuracy": 0.5}
-    assert status.to_json()["progress"]["eval"] == {"step": 20, "metrics": {"accuracy": 0.5}}
+    written = status.to_json()["progress"]
+    assert written["eval"] == {"step": 20, "metrics": {"accuracy": 0.5}}
+    # Every field of the step's shape survives into status.progress (the policies' history).
+    assert {k: written[k] for k in contract.PROGRESS_FIELDS[6:]} == {
+        k: report[k] for k in contract.PROGRESS_FIELDS[6:]
+    }
