@@ -242,7 +242,10 @@ class Simulation:
         eligible = frozenset(self.nodes)
         demands = [demand(s, eligible) for s in states]
         free = {n: self.devices.replicas for n in self.nodes}
-        devices = {n: self.config.cluster.devices(spot) for n, spot in self.nodes.items()}
+        # Only the elastic policies place a job's minimum on-demand; the rigid baselines' scheduler
+        # knows no minimum, so their placement ignores which nodes are spot.
+        elastic = self.policy in ELASTIC
+        devices = {n: self.config.cluster.devices(spot and elastic) for n, spot in self.nodes.items()}
         if self.policy in ELASTIC:
             policy = elastic_policy(self.policy, states, devices, self.now, self.config.rescale_pause_s)
             counts = policy.allocate(demands, free)

@@ -258,17 +258,17 @@ def test_packing_prefers_an_idle_physical_device_over_best_fit() -> None:
     assert packing.placement(job).share == pytest.approx(1.5)
 
 
-def test_packing_puts_a_jobs_minimum_on_demand_and_the_rest_on_spot() -> None:
+def test_packing_puts_a_jobs_minimum_on_demand() -> None:
     """A spot preemption should never take a job below its minimum: its first `min` workers go to
-    the on-demand node, though the spot node has more room; beyond min, spot first, keeping the
-    on-demand room for other jobs' minimums."""
+    the on-demand node, though the spot node has more room (best fit for the whole job); beyond
+    min, placement is as usual (here: on the job's own node first)."""
     devices = {"od": NodeDevices(4, 4), "spot": NodeDevices(8, 8, spot=True)}
     free = {"od": 4, "spot": 8}
     packing = SlicedPacking(free, devices)
     job = make_demand("a", 2, 6, nodes=free)
     for _ in range(6):
         assert packing.place(job)
-    assert packing.nodes_of(job.key) == ["od", "od", "spot", "spot", "spot", "spot"]
+    assert packing.nodes_of(job.key) == ["od", "od", "od", "od", "spot", "spot"]
 
 
 def test_packing_prefers_the_faster_gpu_type_and_the_placement_runs_at_the_slowest() -> None:
