@@ -2,8 +2,8 @@
 # Makes sure NEEDED_MB of disk are free where Docker keeps its data, removing what only building
 # needed, until enough is free: the wheelhouse the images were installed from, then Go's build and
 # module caches of the tools and images built here (the Makefile keeps them under the project's
-# cache, $EBBFLOW_CACHE/go, never the user's own), then dangling Docker images. Each removal is
-# printed with its size. Exits 1 with what to do when even that is not enough.
+# cache, $EBBFLOW_CACHE/go, never the user's own). Each removal is printed on stdout with its size.
+# Exits 1 with what to do when even that is not enough.
 #
 # Why: loading the 4.5 GB CPU trainer image into three kind nodes needs about 14 GB on top of the
 # images, tools and caches a first `make demo` builds; a machine with under 50 GB free ran out of
@@ -15,7 +15,8 @@ set -euo pipefail
 needed=${1:?usage: $0 NEEDED_MB WHAT}
 what=${2:-this step}
 EBBFLOW_CACHE=${EBBFLOW_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ebbflow}
-docker_root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)
+docker_root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null || true)
+[[ -d $docker_root ]] || docker_root=/
 
 free_mb() { df -Pm "$docker_root" | awk 'NR == 2 { print $4 }'; }
 enough() { (($(free_mb) >= needed)); }
@@ -28,10 +29,8 @@ for path in "$EBBFLOW_CACHE/wheelhouse" "$EBBFLOW_CACHE/go/build" "$EBBFLOW_CACH
   size=$(du -sm "$path" | cut -f1)
   chmod -R u+w "$path" # Go's module cache is read-only
   rm -rf "$path"
-  echo "  removed $path ($size MB)" >&2
+  echo "made room for $what: removed $path ($size MB)" # stdout: the caller shows it
 done
-enough && exit 0
-docker image prune --force >/dev/null # dangling images left by earlier builds
 enough && exit 0
 echo "not enough disk for $what: $(free_mb) MB free where Docker keeps its data ($docker_root)," \
   "$needed MB needed. Free some (see \`docker system df\`; \`go clean -cache -modcache\` for your own" \

@@ -146,10 +146,11 @@ def _evicted_by_taint(pod: dict[str, Any]) -> bool:
     )
 
 
-def load_image(image: str, nodes: tuple[str, ...] = ()) -> None:
+def load_image(image: str, nodes: tuple[str, ...] = ()) -> list[str]:
     """Into the nodes' containerd (default: every node), keeping only the unpacked copy
-    (hack/kind/load-image.sh)."""
-    run("bash", "hack/kind/load-image.sh", image, *([",".join(nodes)] if nodes else []))
+    (hack/kind/load-image.sh); returns the build-only caches it removed to make room."""
+    output = run("bash", "hack/kind/load-image.sh", image, *([",".join(nodes)] if nodes else []))
+    return [line for line in output.splitlines() if line.startswith("made room")]
 
 
 def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None) -> None:
@@ -176,7 +177,8 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None) -> None:
     for namespace in (DEMO_NAMESPACE, E2E_NAMESPACE):
         kind.ensure_namespace(namespace)
     done("kind cluster (hack/kind/up.sh)")
-    load_image(TRAINER_IMAGE, WORKERS)
+    for removal in load_image(TRAINER_IMAGE, WORKERS):
+        say(f"  {removal}")
     done(f"{TRAINER_IMAGE} in the worker nodes")
     load_image(plugin)
     manifest = (REPO / "hack" / "fake-gpu-plugin" / "deploy.yaml").read_text()
