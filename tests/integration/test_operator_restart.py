@@ -36,12 +36,19 @@ def assert_clean(kube: Kube, namespace: str, job: str, count: int) -> None:
         assert [o.uid for o in owners] == [uid], f"{item.metadata.name} is orphaned or doubly owned"
     roles = [p.metadata.labels[contract.LABEL_ROLE] for p in pods if p.metadata.deletion_timestamp is None]
     assert roles.count(contract.ROLE_RENDEZVOUS) == 1
-    indexes = [
+    workers = [p for p in pods if p.metadata.labels[contract.LABEL_ROLE] == contract.ROLE_WORKER]
+    live = [
         p.metadata.labels[contract.LABEL_WORKER_INDEX]
-        for p in pods
-        if p.metadata.labels[contract.LABEL_ROLE] == contract.ROLE_WORKER
+        for p in workers
+        if p.metadata.deletion_timestamp is None
     ]
-    assert len(indexes) == len(set(indexes)) == count
+    assert len(live) == len(set(live)) == count
+    # A pod of a deleted node may still be terminating (the pod GC force-deletes it later); it must
+    # not share an index with a live worker.
+    leaving = {
+        p.metadata.labels[contract.LABEL_WORKER_INDEX] for p in workers if p.metadata.deletion_timestamp
+    }
+    assert not leaving & set(live), f"indexes {sorted(leaving & set(live))} both live and leaving"
     assert sorted(s.metadata.name for s in services) == [f"{job}-rdzv", f"{job}-workers"]
 
 
