@@ -2,7 +2,8 @@
 built on this machine (hack/kind), with the fake GPU device plugin advertising time-sliced
 `nvidia.com/gpu`. The operator runs in the cluster, installed by `helm install` from charts/ebbflow.
 
-Session setup (minutes cold, about four warm): the cluster (`hack/kind/up.sh`), the images
+Session setup (minutes cold, about six warm): the cluster (`hack/kind/up.sh`) with Cilium chained
+after flannel so that NetworkPolicy is enforced (`hack/cilium`), the images
 (`hack/images/build-images.sh`; the trainer's CPU variant is loaded into the workers), the device
 plugin, the operator's chart. When any of it fails, tests skip on a developer machine but fail under CI=true.
 """
@@ -47,7 +48,7 @@ def _timing(step: str) -> None:
 def kind() -> Kind:
     cluster = Kind()
     try:
-        set_up(cluster, say=_timing)
+        set_up(cluster, say=_timing, network_policy=True)
     except (KindError, TimeoutError) as error:
         if os.environ.get("CI") == "true":
             pytest.fail(f"e2e tier cannot run in CI: {error}", pytrace=False)

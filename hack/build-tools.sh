@@ -23,6 +23,10 @@ CRICTL_VERSION=v1.36.0
 LOCAL_PATH_VERSION=v0.0.30
 # Prometheus 3.16.0 (Go module version v0.316.0) for hack/prometheus/: not part of the default set.
 PROMETHEUS_VERSION=$(awk '$1 == "github.com/prometheus/prometheus" {print $2; exit}' "$ROOT/hack/prometheus/tools/go.mod")
+# Cilium's agent and CNI plugin for hack/cilium/ (NetworkPolicy in the kind cluster): not in the default set.
+CILIUM_VERSION=$(awk '$1 == "require" && $2 == "github.com/cilium/cilium" {print $3}' "$ROOT/hack/cilium/tools/go.mod")
+# Kubeflow's training-operator for hack/kubeflow/ (the PyTorchJob baseline of the benchmark): not in the default set.
+TRAINING_OPERATOR_VERSION=$(awk '$1 == "require" && $2 == "github.com/kubeflow/training-operator" {print $3}' "$ROOT/hack/kubeflow/tools/go.mod")
 
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 mkdir -p "$TOOLS_BIN" "$TOOLS_CACHE"
@@ -170,6 +174,44 @@ build_prometheus() {
   cp -f "$dir/promtool" "$TOOLS_BIN/promtool.tmp" && mv -f "$TOOLS_BIN/promtool.tmp" "$TOOLS_BIN/promtool"
 }
 
+# build_cilium: the agent, cilium-dbg (the DaemonSet's config step), the CNI plugin and the two host
+# helpers its init containers copy in, in the wrapper module hack/cilium/tools (its go.mod says why).
+# Also the module's source directory (the agent compiles its BPF programs from bpf/ at run time; the
+# chart and CRDs come from there too): printed by `build-tools.sh cilium-source`.
+build_cilium() {
+  local dir=$TOOLS_CACHE/cilium-agent-$CILIUM_VERSION
+  local m=github.com/cilium/cilium work
+  if ! cached cilium-agent "$CILIUM_VERSION" || [[ ! -x $dir/cilium-sysctlfix ]]; then
+    echo "building cilium $CILIUM_VERSION (first time on this machine: about ten minutes)"
+    mkdir -p "$dir"
+    work=$(mktemp -d)
+    (cd "$ROOT/hack/cilium/tools" && go build -trimpath -ldflags "-s -w" -o "$work/" \
+      "$m/daemon" "$m/cilium-dbg" "$m/plugins/cilium-cni" "$m/tools/mount" "$m/tools/sysctlfix")
+    mv -f "$work/cilium-dbg" "$dir/cilium-dbg"
+    mv -f "$work/cilium-cni" "$dir/cilium-cni"
+    mv -f "$work/mount" "$dir/cilium-mount"
+    mv -f "$work/sysctlfix" "$dir/cilium-sysctlfix"
+    mv -f "$work/daemon" "$dir/cilium-agent"
+    rm -rf "$work"
+  fi
+  echo "  cilium $CILIUM_VERSION (in $dir)"
+}
+
+# build_training_operator: the manager of Kubeflow's training-operator (cmd/training-operator.v1), in the
+# wrapper module hack/kubeflow/tools. Its CRDs and RBAC come from the module's manifests/ directory, printed
+# by `build-tools.sh training-operator-source`.
+build_training_operator() {
+  local dir=$TOOLS_CACHE/training-operator-$TRAINING_OPERATOR_VERSION
+  if ! cached training-operator "$TRAINING_OPERATOR_VERSION"; then
+    echo "building training-operator $TRAINING_OPERATOR_VERSION (first time on this machine: a few minutes)"
+    mkdir -p "$dir"
+    (cd "$ROOT/hack/kubeflow/tools" && go build -trimpath -ldflags "-s -w" -o "$dir/training-operator.tmp" \
+      github.com/kubeflow/training-operator/cmd/training-operator.v1)
+    mv -f "$dir/training-operator.tmp" "$dir/training-operator"
+  fi
+  echo "  training-operator $TRAINING_OPERATOR_VERSION (in $dir)"
+}
+
 want=${*:-kubernetes etcd kwok helm kind prometheus}
 for tool in $want; do
   case $tool in
@@ -187,6 +229,12 @@ for tool in $want; do
     local-path-provisioner) build_module local-path-provisioner github.com/rancher/local-path-provisioner "$LOCAL_PATH_VERSION" ;;
     # Prometheus and promtool for hack/prometheus/ (e2e tier, demo); not in the default set.
     prometheus) build_prometheus ;;
-    *) echo "unknown tool '$tool' (known: kubernetes etcd kwok helm kind; for kind nodes: kubernetes-node coredns flannel crictl cni-plugins local-path-provisioner; other: prometheus)" >&2; exit 2 ;;
+    # Cilium for hack/cilium/ (NetworkPolicy enforcement in the kind cluster); not in the default set.
+    cilium) build_cilium ;;
+    cilium-source) (cd "$ROOT/hack/cilium/tools" && go mod download -json github.com/cilium/cilium | awk -F'"' '$2 == "Dir" {print $4}') ;;
+    # Kubeflow's training-operator for hack/kubeflow/ (benchmark baseline); not in the default set.
+    training-operator) build_training_operator ;;
+    training-operator-source) (cd "$ROOT/hack/kubeflow/tools" && go mod download -json github.com/kubeflow/training-operator | awk -F'"' '$2 == "Dir" {print $4}') ;;
+    *) echo "unknown tool '$tool' (known: kubernetes etcd kwok helm kind; for kind nodes: kubernetes-node coredns flannel crictl cni-plugins local-path-provisioner; other: prometheus cilium cilium-source training-operator training-operator-source)" >&2; exit 2 ;;
   esac
 done

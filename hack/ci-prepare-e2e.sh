@@ -34,6 +34,9 @@ bash hack/fake-gpu-plugin/build-image.sh >/dev/null
 say "Prometheus image"
 bash hack/build-tools.sh prometheus
 bash hack/prometheus/build-image.sh >/dev/null
+say "Cilium agent image (NetworkPolicy enforcement)"
+bash hack/cilium/build-image.sh >/dev/null
+# (hack/cilium/install.sh fetches the Cilium module again, 38 MB, for its chart and CRDs.)
 say "every Go-built tool and image exists: removing Go's build and module caches"
 go clean -cache -modcache
 say "operator and CPU trainer images"

@@ -153,10 +153,15 @@ def load_image(image: str, nodes: tuple[str, ...] = ()) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("made room")]
 
 
-def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None) -> None:
+def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_policy: bool = False) -> None:
     """Images, cluster, device plugin, the demo's and e2e's namespaces, the operator by `helm
     install` (CHART_VALUES) and Prometheus; each step is cached or idempotent: a second call on a
     running cluster takes seconds. `say` hears each step as it ends, with its duration.
+
+    `network_policy`: Cilium chained after flannel enforces NetworkPolicy (hack/cilium; its agent
+    image takes about ten minutes to build the first time on a machine). Installed right after the
+    cluster, before anything runs in it; a cluster set up without it gets it on a later call, and
+    pods that existed before are then not policed.
 
     Every image is built before the cluster starts, so the trainer build's transient space and the
     kind nodes' copies of it are never needed at once; loading into a node frees build-only caches
@@ -169,6 +174,8 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None) -> None:
         started = time.monotonic()
 
     run("bash", "hack/images/build-images.sh")
+    if network_policy:
+        run("bash", "hack/cilium/build-image.sh")
     plugin = run("bash", "hack/fake-gpu-plugin/build-image.sh").strip().splitlines()[-1]
     run("bash", "hack/build-tools.sh", "prometheus")
     prometheus = run("bash", "hack/prometheus/build-image.sh").strip().splitlines()[-1]
@@ -177,6 +184,9 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None) -> None:
     for namespace in (DEMO_NAMESPACE, E2E_NAMESPACE):
         kind.ensure_namespace(namespace)
     done("kind cluster (hack/kind/up.sh)")
+    if network_policy:
+        run("bash", "hack/cilium/install.sh")
+        done("Cilium, enforcing NetworkPolicy (hack/cilium/install.sh)")
     for removal in load_image(TRAINER_IMAGE, WORKERS):
         say(f"  {removal}")
     done(f"{TRAINER_IMAGE} in the worker nodes")

@@ -1,0 +1,91 @@
+"""NetworkPolicy enforced: on the kind cluster Cilium, chained after flannel (hack/cilium), enforces the
+NetworkPolicy the operator creates with each job. Only the job's own pods reach its rendezvous store;
+another pod of the same namespace is dropped there, yet reaches the trainers' metrics port, which the
+policy leaves open for Prometheus. (flannel alone enforces no NetworkPolicy.)
+
+A probe tells a dropped connection (no answer within its timeout) from a refused one (an answer: the
+packet got through): with the stranger's own network shown to work, "dropped" is the policy's doing."""
+
+from __future__ import annotations
+
+import yaml
+from ebbflow_api import contract
+from ebbflow_api.waiting import wait_for
+from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, TRAINER_IMAGE, Kind, KindError
+from ebbflow_operator.manifests import network_policy_name, rendezvous_name
+
+from . import jobs
+
+PROBE_TIMEOUT_S = 3
+# Prints how a TCP connection to argv[1]:argv[2] ends: connected, refused or dropped (no answer).
+PROBE = f"""
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout={PROBE_TIMEOUT_S}).close()
+    print("connected")
+except ConnectionRefusedError:
+    print("refused")
+except (TimeoutError, socket.timeout):
+    print("dropped")
+"""
+
+
+def probe(kind: Kind, pod: str, host: str, port: int) -> str:
+    """From inside `pod`: how a connection to host:port ends."""
+    return kind.kubectl(
+        "-n", E2E_NAMESPACE, "exec", pod, "--", "python3", "-c", PROBE, host, str(port)
+    ).strip()
+
+
+def stranger_pod(name: str) -> dict[str, object]:
+    """A pod of the job's namespace that is not the job's (no job label), with Python for the probe."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": E2E_NAMESPACE, "labels": {"app": name}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": TRAINER_IMAGE,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sleep", "900"],
+                }
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def test_only_the_jobs_pods_reach_its_rendezvous_store(kind: Kind, namespace: str, operator: str) -> None:
+    jobs.apply(kind, jobs.digits_job("fenced", 2, 2, steps=3000, vnode_seconds=0.05))
+    kind.kubectl("apply", "-f", "-", input=yaml.safe_dump(stranger_pod("stranger")))
+    jobs.wait_phase(kind, "fenced", "Running")
+    wait_for(
+        lambda: len(jobs.running_workers(kind, "fenced")) == 2, jobs.JOB_DEADLINE_S, "two workers running"
+    )
+    kind.kubectl(
+        "-n", namespace, "wait", "--for=condition=Ready", "pod/stranger", "--timeout=300s", timeout=320
+    )
+    assert kind.json("-n", namespace, "get", "networkpolicy", network_policy_name("fenced"))
+
+    store = f"{rendezvous_name('fenced')}.{namespace}.svc"
+    worker = jobs.running_workers(kind, "fenced")[0]
+    worker_ip = kind.json("-n", namespace, "get", "pod", worker)["status"]["podIP"]
+
+    def reaches(pod: str, host: str, port: int) -> bool:
+        try:
+            return probe(kind, pod, host, port) == "connected"
+        except KindError:  # the pod's container is restarting: ask again
+            return False
+
+    # The job's own pods reach the store; the stranger reaches a worker's metrics port, so its network
+    # works and the policy's open port is honoured.
+    wait_for(lambda: reaches(worker, store, contract.RENDEZVOUS_PORT), 60, "a worker reaching its store")
+    wait_for(
+        lambda: reaches("stranger", worker_ip, contract.METRICS_PORT), 60, "the stranger reaching metrics"
+    )
+    # The same stranger is dropped at the store, and at a worker's port where nothing listens (without
+    # a filter the worker's kernel would answer with a reset: "refused").
+    assert probe(kind, "stranger", store, contract.RENDEZVOUS_PORT) == "dropped"
+    assert probe(kind, "stranger", worker_ip, contract.RENDEZVOUS_PORT) == "dropped"
