@@ -242,3 +242,15 @@ def test_invalid_configuration_fails_fast_naming_the_setting(
     assert result.returncode == contract.EXIT_INVALID_CONFIG, result.stderr
     assert setting in result.stderr
     assert setting in message.read_text(), "the pod's status must say which setting is wrong"
+
+
+def test_a_node_that_arrives_after_the_job_finished_exits_0_at_once(tmp_path: Path) -> None:
+    # Seen on a loaded machine: a node dropped from the world rejoined just as the others trained their
+    # last step, and waited for a round that would never form until its join timeout (10 min).
+    with running_job(tmp_path, min_replicas=1, max_replicas=2) as job:
+        first = job.start_node()
+        assert job.wait_all([first], 180) == [0], job.logs()
+        late = job.start_node()
+        assert job.wait_all([late], 90) == [0], job.logs()
+        assert "nothing left to train" in late.log.read_text(), job.logs()
+        assert not late.events("step"), "the late node must not train"

@@ -2,8 +2,9 @@
 under it (one per GPU), all members of the same elastic world.
 
 The agent joins the job's c10d rendezvous (served by the rendezvous pod), restarts its worker when the
-world changes (a node died, left, or is waiting to join) and never closes the rendezvous: a pod that
-leaves must not end the job for the others (pytorch/pytorch#67742).
+world changes (a node died, left, or is waiting to join) and never closes the rendezvous while the job
+trains: a pod that leaves must not end the job for the others (pytorch/pytorch#67742). Once the world
+has trained to the last step, its agents close it, and a node still waiting to join exits 0.
 
 SIGTERM (pod deletion) reaches the agent, which forwards it to the workers; each finishes its step,
 hands its state over and exits 0, and the agent exits 0 once they have left (or none was inside a
@@ -59,17 +60,11 @@ class Markers:
         )
 
 
-def run(config: TrainerConfig) -> int:
-    """Run the elastic agent until training finishes, this pod leaves, or restarts run out."""
+def _prepare_process(config: TrainerConfig) -> None:
+    """Logging, torch elastic's environment switches and the workers' forkserver, before the agent."""
     import multiprocessing
 
-    from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
-
-    from ebbflow_trainer.agent import EbbflowAgent, FatalWorkerExit
     from ebbflow_trainer.preload import ENV_PRELOAD_SCRIPT
-    from ebbflow_trainer.rendezvous import GenerationRendezvousHandler, StoreLost
-    from ebbflow_trainer.worker import run_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("torch.distributed.elastic").setLevel(logging.INFO)
@@ -84,6 +79,18 @@ def run(config: TrainerConfig) -> int:
     os.environ[ENV_PRELOAD_SCRIPT] = config.spec
     multiprocessing.get_context("forkserver").set_forkserver_preload(["ebbflow_trainer.preload"])
 
+
+def run(config: TrainerConfig) -> int:
+    """Run the elastic agent until training finishes, this pod leaves, or restarts run out."""
+    from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.rendezvous import RendezvousClosedError
+
+    from ebbflow_trainer.agent import EbbflowAgent, FatalWorkerExit
+    from ebbflow_trainer.rendezvous import GenerationRendezvousHandler, StoreLost
+    from ebbflow_trainer.worker import run_worker
+
+    _prepare_process(config)
     markers = Markers(Path(config.state_dir), config.nproc_per_node)
     markers.clear()
     handler = GenerationRendezvousHandler(config)
@@ -120,6 +127,11 @@ def run(config: TrainerConfig) -> int:
     )
     try:
         result = agent.run()
+        if result is None or result.state == WorkerState.SUCCEEDED:
+            handler.close_finished()
+    except RendezvousClosedError:
+        log.info("the job finished while this node waited to join its world: nothing left to train")
+        return contract.EXIT_SUCCESS
     except SignalException as signalled:
         handler.leave()
         if signalled.sigval == signal.SIGTERM and markers.graceful():
@@ -136,4 +148,6 @@ def run(config: TrainerConfig) -> int:
     finally:
         # Before the interpreter exits: see GenerationRendezvousHandler.stop_heartbeats.
         handler.stop_heartbeats()
-    return contract.EXIT_SUCCESS if result.state == WorkerState.SUCCEEDED else 1
+    # None: torch's agent swallowed a graceful exit from a closed rendezvous (a node that waited as a
+    # spare in a full world): the job is done.
+    return contract.EXIT_SUCCESS if result is None or result.state == WorkerState.SUCCEEDED else 1

@@ -305,6 +305,19 @@ class GenerationRendezvousHandler(RendezvousHandler):
         except Exception as error:  # best effort by design, see the docstring
             log.warning("could not leave the rendezvous early (%s); peers wait for heartbeat expiry", error)
 
+    def close_finished(self) -> None:
+        """The job trained to its last step: close the rendezvous, so that a node still trying to join
+        (one that arrived, or was dropped from the world, as the others finished) learns there is
+        nothing left to train instead of waiting out its join timeout. Only then: a pod that leaves a
+        running job must never close it (see the launcher). Best effort: with the store gone, no node
+        can be waiting on it."""
+        if self._delegate is None:
+            return
+        try:
+            self._delegate.set_closed()
+        except Exception as error:  # best effort by design, see the docstring
+            log.warning("could not close the finished job's rendezvous (%s)", error)
+
     def stop_heartbeats(self) -> None:
         """Stop and join the keep-alive thread; every agent must call this before its interpreter exits.
 
