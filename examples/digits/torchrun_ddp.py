@@ -8,7 +8,8 @@ every ``--checkpoint-every`` steps to ``--checkpoint-dir``, a volume every pod s
 since then are done again. The global batch stays ``--global-batch``, split evenly over the world.
 
 One JSON line per event on rank 0's stdout, for the Kubeflow comparison: ``start`` (world, restart count, step
-resumed from), ``step`` (step, world, wall time), ``done``.
+resumed from), ``step`` (step, world, wall time), ``done``; with ``--events FILE`` appended to that file
+too (on a shared volume it outlives the pod: bench/vs_kubeflow.py).
 
     torchrun --nnodes=2:4 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \\
         examples/digits/torchrun_ddp.py --checkpoint-dir /shared/digits --steps 1000
@@ -40,8 +41,12 @@ def build_spec() -> Any:
     return module.build()
 
 
-def emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, "time": time.time(), **fields}), flush=True)
+def emit(events: Path | None, event: str, **fields: Any) -> None:
+    line = json.dumps({"event": event, "time": time.time(), **fields})
+    print(line, flush=True)
+    if events is not None:
+        with events.open("a") as journal:
+            journal.write(line + "\n")
 
 
 def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -81,6 +86,7 @@ def main() -> None:
     parser.add_argument(
         "--simulated-sample-seconds", type=float, default=0.0, help="device time per sample (CPU runs)"
     )
+    parser.add_argument("--events", type=Path, help="also append rank 0's events to this file")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -91,7 +97,7 @@ def main() -> None:
     step = load_checkpoint(args.checkpoint_dir, spec.model, spec.optimizer)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     if rank == 0:  # one process writes: torchrun interleaves its processes' output
-        emit("start", world=world, restart=restart, step=step)
+        emit(args.events, "start", world=world, restart=restart, step=step)
     samples = len(spec.dataset)
     while step < args.steps:
         indices = batch_indices(step, args.global_batch, samples, rank, world)
@@ -102,12 +108,12 @@ def main() -> None:
         time.sleep(args.simulated_sample_seconds * len(indices))
         step += 1
         if rank == 0:
-            emit("step", step=step, world=world)
+            emit(args.events, "step", step=step, world=world)
             if step % args.checkpoint_every == 0 or step == args.steps:
                 save_checkpoint(args.checkpoint_dir, spec.model, spec.optimizer, step)
     if rank == 0:
         with torch.no_grad():
-            emit("done", step=step, world=world, **spec.eval_fn(spec.model.eval()))
+            emit(args.events, "done", step=step, world=world, **spec.eval_fn(spec.model.eval()))
     dist.destroy_process_group()
 
 

@@ -10,6 +10,7 @@ KIND_DIR=$ROOT/hack/kind
 CLUSTER=${KIND_CLUSTER_NAME:-ebbflow}
 KUBECONFIG_OUT=${KIND_KUBECONFIG:-$ROOT/.cluster/kind-kubeconfig}
 WAIT_S=${KIND_WAIT_S:-600}
+SHARED=${KIND_SHARED_DIR:-$ROOT/.cluster/shared} # /shared on every worker (cluster.yaml)
 # hack/kind/bin/docker adapts `docker run --privileged` on hosts without CAP_SYS_RESOURCE.
 export PATH=$KIND_DIR/bin:$ROOT/.tools/bin:$PATH
 
@@ -31,7 +32,9 @@ else
   coredns_tag=$(awk -F= '$1 == "COREDNS_VERSION" {print $2}' "$ROOT/hack/build-tools.sh")
   config=$(mktemp)
   trap 'rm -f "$config"' EXIT
-  sed -e "s/@ETCD_TAG@/${etcd_tag#v}-0/" -e "s/@COREDNS_TAG@/$coredns_tag/" "$KIND_DIR/cluster.yaml" >"$config"
+  mkdir -p "$SHARED"
+  sed -e "s/@ETCD_TAG@/${etcd_tag#v}-0/" -e "s/@COREDNS_TAG@/$coredns_tag/" -e "s#@SHARED@#$SHARED#" \
+    "$KIND_DIR/cluster.yaml" >"$config"
   kind create cluster --name "$CLUSTER" --config "$config" --image "$IMAGE" \
     --kubeconfig "$KUBECONFIG_OUT" ${KIND_RETAIN:+--retain}
   timing "kind create cluster"

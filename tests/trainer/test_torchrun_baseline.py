@@ -13,8 +13,8 @@ from typing import Any
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "digits" / "torchrun_ddp.py"
 
 
-def torchrun(checkpoints: Path, steps: int) -> list[dict[str, Any]]:
-    """One torchrun of the baseline on two local processes; its JSON events."""
+def torchrun(checkpoints: Path, steps: int, *extra: str) -> list[dict[str, Any]]:
+    """One torchrun of the baseline on two local processes; its JSON events on stdout."""
     command = [
         sys.executable,
         "-m",
@@ -31,6 +31,7 @@ def torchrun(checkpoints: Path, steps: int) -> list[dict[str, Any]]:
         str(steps),
         "--checkpoint-every",
         "20",
+        *extra,
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -43,8 +44,11 @@ def test_the_torchrun_baseline_resumes_from_its_checkpoint(tmp_path: Path) -> No
     assert [e["step"] for e in first if e["event"] == "step"] == list(range(1, 51))
 
     # A restart finds the checkpoint of step 50 (the last step is always saved) and goes on from there.
-    second = torchrun(tmp_path, steps=200)
+    journal = tmp_path / "events.jsonl"
+    second = torchrun(tmp_path, 200, "--events", str(journal))
     assert [e["step"] for e in second if e["event"] == "start"] == [50]
     assert [e["step"] for e in second if e["event"] == "step"] == list(range(51, 201))
     (done,) = [e for e in second if e["event"] == "done"]
     assert done["world"] == 2 and done["accuracy"] >= 0.95
+    # --events: the same lines in a file that outlives the process (a pod's shared volume).
+    assert [json.loads(line) for line in journal.read_text().splitlines()] == second
