@@ -22,7 +22,7 @@ PYPROJECTS := pyproject.toml api/pyproject.toml operator/pyproject.toml trainer-
 
 .PHONY: help demo install tools cluster-up cluster-down lint typecheck test test-unit test-trainer \
 	test-integration test-e2e test-e2e-ci crds base-image images images-test kind-images kind-up \
-	kind-smoke kind-down bench-operator bench-trainer clean
+	kind-smoke kind-down bench-operator bench-trainer bench-vs-kubeflow clean
 
 help: ## List every target with one line.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -108,6 +108,9 @@ bench-operator: install tools ## Operator benchmark: 100 jobs on 500 fake GPU no
 
 bench-trainer: install ## Trainer rescale-pause benchmark against stock torchrun; see bench/README.md.
 	$(PY) bench/trainer_rescale.py
+
+bench-vs-kubeflow: install tools ## Ebbflow vs Kubeflow's elastic PyTorchJob on fresh kind clusters, same disruptions (about an hour); see bench/README.md.
+	$(PY) bench/vs_kubeflow.py
 
 clean: cluster-down ## Remove the venv, built tools in .tools and cluster state (the per-machine tool cache stays).
 	rm -rf $(VENV) .tools .cluster .pytest_cache .mypy_cache .ruff_cache

@@ -95,14 +95,13 @@ class Kind:
         manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
         self.kubectl("apply", "-f", "-", input=json.dumps(manifest))
 
-    def gpus_advertised(self, nodes: tuple[str, ...] = WORKERS) -> bool:
+    def gpus_advertised(self, nodes: tuple[str, ...] = WORKERS, per_node: int = GPUS_PER_WORKER_NODE) -> bool:
         """Every one of `nodes` is Ready with the device plugin's full nvidia.com/gpu capacity."""
         found = {n["metadata"]["name"]: n for n in self.json("get", "nodes")["items"]}
         return all(
             name in found
             and _ready(found[name])
-            and found[name]["status"].get("allocatable", {}).get("nvidia.com/gpu")
-            == str(GPUS_PER_WORKER_NODE)
+            and found[name]["status"].get("allocatable", {}).get("nvidia.com/gpu") == str(per_node)
             for name in nodes
         )
 
@@ -119,7 +118,7 @@ class Kind:
         wait_for(evicted, timeout, f"the pods on {node} to leave")
         self.kubectl("delete", "node", node, "--wait=true", timeout=timeout)
 
-    def bring_node_back(self, node: str, timeout: float = 300) -> None:
+    def bring_node_back(self, node: str, timeout: float = 300, gpus: int = GPUS_PER_WORKER_NODE) -> None:
         """A node joins again: the same container's kubelet registers a new Node, with fresh pod
         networking (a new node may get another pod CIDR, so the old bridge and addresses go)."""
         reset = (
@@ -127,7 +126,7 @@ class Kind:
             " rm -rf /var/lib/cni/networks/* /run/flannel/subnet.env; systemctl start kubelet"
         )
         run("docker", "exec", node, "sh", "-c", reset, timeout=120)
-        wait_for(lambda: self.gpus_advertised((node,)), timeout, f"{node} Ready with its GPUs again")
+        wait_for(lambda: self.gpus_advertised((node,), gpus), timeout, f"{node} Ready with its GPUs again")
 
 
 def _ready(node: dict[str, Any]) -> bool:

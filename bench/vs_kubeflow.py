@@ -1,0 +1,459 @@
+"""Ebbflow against Kubeflow's PyTorchJob (elastic), on the same kind cluster, with the same model and
+the same disruptions, one system at a time, each on an identical fresh cluster.
+
+Per system: a fresh kind cluster (hack/kind; the operator by its chart; Kubeflow's training-operator
+v1.8.1, hack/kubeflow), each worker node advertising one GPU (three in all); the digits example with
+min 2, max 4 workers of one GPU each and a global batch of 384 (Ebbflow: 6 virtual nodes of 64; Kubeflow:
+examples/digits/torchrun_ddp.py under stock torchrun, Worker replicas 4, checkpoint every 50 steps on a
+volume every node shares). A calm run, then a run through this schedule:
+
+  a  a worker node lost (hosting neither the rendezvous nor worker 0)
+  d  that node joins again (capacity added back)
+  c  the highest-index worker evicted through the Eviction API (graceful)
+  b  the node of worker 0 lost (Kubeflow's rendezvous host); if the job has not trained again within
+     --patience seconds, the node comes back and the row says so
+
+Each disruption waits until the job trains again (or --patience runs out) before the next. Figures come
+from the trainers' journals on the shared volume (ebbflow_operator/devcluster/recovery.py), never from
+pod phases. Systems: ``ebbflow``; ``kubeflow`` (the documented defaults: no maxRestarts, torchrun's
+rendezvous timeouts); ``kubeflow-tuned`` (maxRestarts 100 and Ebbflow's rendezvous timings: last call
+1 s, heartbeats every second, 3 missed).
+
+    .venv/bin/python bench/vs_kubeflow.py [--systems ebbflow,kubeflow,kubeflow-tuned] [--steps 1500]
+
+Results under bench/results/vs-kubeflow/<UTC time>/: each run's raw journals and pod logs,
+results.json and table.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ebbflow_api.builders import JobBuilder
+from ebbflow_api.waiting import wait_for
+from ebbflow_operator.devcluster import recovery as rec
+from ebbflow_operator.devcluster.kind import (
+    E2E_NAMESPACE,
+    REPO,
+    TRAINER_IMAGE,
+    WORKERS,
+    Kind,
+    KindError,
+    load_image,
+    run,
+    set_up,
+)
+from ebbflow_operator.manifests import rendezvous_name
+
+NAMESPACE = E2E_NAMESPACE
+SHARED = REPO / ".cluster" / "shared"  # /shared on every kind worker (hack/kind/cluster.yaml)
+RESULTS = REPO / "bench" / "results" / "vs-kubeflow"
+VIRTUAL_NODES, SAMPLES_PER_VNODE = 6, 64
+GLOBAL_BATCH = VIRTUAL_NODES * SAMPLES_PER_VNODE
+MIN_WORKERS, MAX_WORKERS = 2, 4
+EXAMPLES = "/opt/ebbflow/examples/digits"
+TUNED_RDZV = {"last_call_timeout": "1", "keep_alive_interval": "1", "keep_alive_max_attempt": "3"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    steps: int
+    vnode_seconds: float
+    patience: float
+
+
+def _shared_volume(run_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    volume = {"name": "shared", "hostPath": {"path": f"/shared/{run_name}", "type": "DirectoryOrCreate"}}
+    return volume, {"name": "shared", "mountPath": f"/shared/{run_name}"}
+
+
+class Ebbflow:
+    name = "ebbflow"
+    tuned = False
+
+    def manifest(self, job: str, settings: Settings) -> dict[str, Any]:
+        """The digits example as an ElasticTrainingJob; every worker appends its journal to /shared."""
+        manifest = JobBuilder(job, NAMESPACE).replicas(MIN_WORKERS, MAX_WORKERS).gpus(1).obj()
+        manifest["spec"].update(virtualNodes=VIRTUAL_NODES, globalBatchSize=GLOBAL_BATCH)
+        pod = manifest["spec"]["template"]["spec"]
+        volume, mount = _shared_volume(job)
+        container = pod["containers"][0]
+        container["image"], container["imagePullPolicy"] = TRAINER_IMAGE, "IfNotPresent"
+        container["command"] = [
+            "ebbflow-train",
+            "run",
+            f"{EXAMPLES}/train.py",
+            "--steps",
+            str(settings.steps),
+        ]
+        container["command"] += ["--simulated-vnode-seconds", str(settings.vnode_seconds)]
+        container["command"] += ["--progress-interval", "1", "--journal", f"/shared/{job}/$(POD_NAME).jsonl"]
+        container["env"] = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+        container["volumeMounts"], pod["volumes"] = [mount], [volume]
+        # Durable checkpoints on the shared volume too (every 1,000 steps by default): what a job whose
+        # every worker died would resume from. The disruptions here never need them.
+        manifest["spec"]["checkpoint"] = {"path": f"/shared/{job}/checkpoints"}
+        return manifest
+
+    def kind_of_object(self) -> str:
+        return "elastictrainingjob"
+
+    def outcome(self, kind: Kind, job: str) -> str | None:
+        phase = (kind.json("-n", NAMESPACE, "get", "elastictrainingjob", job).get("status") or {}).get(
+            "phase"
+        )
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    def rendezvous_node(self, kind: Kind, job: str) -> str:
+        return str(kind.json("-n", NAMESPACE, "get", "pod", rendezvous_name(job))["spec"]["nodeName"])
+
+    def timeline(self, job: str) -> rec.Timeline:
+        return rec.ebbflow_timeline(_records(SHARED / job, "*.jsonl"))
+
+
+class Kubeflow:
+    """Kubeflow's PyTorchJob with an elasticPolicy: stock torchrun in every pod, the c10d store hosted by
+    worker 0's agent (PET_RDZV_ENDPOINT=<job>-worker-0), Worker replicas = max."""
+
+    def __init__(self, tuned: bool) -> None:
+        self.tuned = tuned
+        self.name = "kubeflow-tuned" if tuned else "kubeflow"
+
+    def manifest(self, job: str, settings: Settings) -> dict[str, Any]:
+        volume, mount = _shared_volume(job)
+        sample_seconds = settings.vnode_seconds / SAMPLES_PER_VNODE
+        command = ["torchrun", f"{EXAMPLES}/torchrun_ddp.py", "--steps", str(settings.steps)]
+        command += ["--global-batch", str(GLOBAL_BATCH), "--checkpoint-dir", f"/shared/{job}/checkpoints"]
+        command += [
+            "--simulated-sample-seconds",
+            str(sample_seconds),
+            "--events",
+            f"/shared/{job}/events.jsonl",
+        ]
+        policy: dict[str, Any] = {
+            "minReplicas": MIN_WORKERS,
+            "maxReplicas": MAX_WORKERS,
+            "rdzvBackend": "c10d",
+        }
+        if self.tuned:
+            policy["maxRestarts"] = 100
+            policy["rdzvConf"] = [{"key": k, "value": v} for k, v in TUNED_RDZV.items()]
+        container = {
+            "name": "pytorch",
+            "image": TRAINER_IMAGE,
+            "imagePullPolicy": "IfNotPresent",
+            "command": command,
+            "resources": {"limits": {"nvidia.com/gpu": 1}},
+            "volumeMounts": [mount],
+        }
+        worker = {
+            "replicas": MAX_WORKERS,
+            "restartPolicy": "OnFailure",
+            "template": {"spec": {"containers": [container], "volumes": [volume]}},
+        }
+        return {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": job, "namespace": NAMESPACE},
+            "spec": {"nprocPerNode": "1", "elasticPolicy": policy, "pytorchReplicaSpecs": {"Worker": worker}},
+        }
+
+    def kind_of_object(self) -> str:
+        return "pytorchjob"
+
+    def outcome(self, kind: Kind, job: str) -> str | None:
+        conditions = (kind.json("-n", NAMESPACE, "get", "pytorchjob", job).get("status") or {}).get(
+            "conditions"
+        )
+        done = [
+            c["type"]
+            for c in conditions or []
+            if c["type"] in ("Succeeded", "Failed") and c["status"] == "True"
+        ]
+        return done[0] if done else None
+
+    def rendezvous_node(self, kind: Kind, job: str) -> str:
+        return str(kind.json("-n", NAMESPACE, "get", "pod", f"{job}-worker-0")["spec"]["nodeName"])
+
+    def timeline(self, job: str) -> rec.Timeline:
+        return rec.torchrun_timeline(_records(SHARED / job, "events.jsonl"))
+
+
+System = Ebbflow | Kubeflow
+
+
+def _records(directory: Path, pattern: str) -> list[dict[str, Any]]:
+    """Every complete JSON line of the matching files (a line being written is skipped)."""
+    records = []
+    for path in sorted(directory.glob(pattern)):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def fresh_cluster(kind: Kind) -> None:
+    """A new kind cluster set up as the e2e tier's, each worker with one GPU, Kubeflow's operator beside
+    Ebbflow's."""
+    run("bash", "hack/kind/down.sh")
+    set_up(kind, say=print)
+    manifest = (REPO / "hack" / "fake-gpu-plugin" / "deploy.yaml").read_text()
+    plugin = run("bash", "hack/fake-gpu-plugin/build-image.sh").strip().splitlines()[-1]
+    one_gpu = manifest.replace("ebbflow/fake-gpu-plugin:latest", plugin).replace("replicas: 2", "replicas: 1")
+    one_gpu = one_gpu.replace('value: "2"', 'value: "1"')  # FAKE_GPU_COUNT
+    kind.kubectl("apply", "-f", "-", input=one_gpu)
+    wait_for(lambda: kind.gpus_advertised(WORKERS, per_node=1), 300, "one GPU on every worker")
+    image = run("bash", "hack/kubeflow/build-image.sh").strip().splitlines()[-1]
+    load_image(image)
+    run("env", f"TRAINING_OPERATOR_IMAGE={image}", "bash", "hack/kubeflow/install.sh")
+
+
+def submit(kind: Kind, system: System, job: str, settings: Settings) -> float:
+    """A fresh journal directory, then the job; the submission's wall time."""
+    shutil.rmtree(SHARED / job, ignore_errors=True)
+    (SHARED / job).mkdir(parents=True)
+    kind.kubectl("apply", "-f", "-", input=yaml.safe_dump(system.manifest(job, settings)))
+    return time.time()
+
+
+def training_together(system: System, job: str, size: int, after: float, steps: int = 20) -> bool:
+    """A world of ``size`` that started after ``after`` has completed ``steps`` steps."""
+    timeline = system.timeline(job)
+    worlds = {s.world for s in timeline.starts if s.time > after and s.size == size}
+    return sum(1 for s in timeline.steps if s.world in worlds) >= steps
+
+
+def worker_nodes(kind: Kind, job: str) -> dict[str, str]:
+    """Running worker pods of the job and their nodes (both systems name them <job>-worker-<i>)."""
+    pods = kind.json("-n", NAMESPACE, "get", "pods")["items"]
+    return {
+        p["metadata"]["name"]: p["spec"].get("nodeName", "")
+        for p in pods
+        if p["metadata"]["name"].startswith(f"{job}-worker-") and p["status"].get("phase") == "Running"
+    }
+
+
+def evict(kind: Kind, pod: str) -> None:
+    """Through the Eviction API, as a drain does: graceful, PodDisruptionBudgets respected."""
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod, "namespace": NAMESPACE},
+    }
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/eviction"
+    kind.kubectl("create", "--raw", path, "-f", "-", input=json.dumps(eviction))
+
+
+@dataclass
+class Row:
+    system: str
+    disruption: str
+    resumed_after_s: float | None
+    steps_lost: int | None
+    source: str | None
+    size_after: int | None
+    worlds_started: int
+    note: str = ""
+
+
+def disrupt(
+    kind: Kind, system: System, job: str, label: str, action: Callable[[], None], patience: float
+) -> tuple[Row, float]:
+    """Apply one disruption and wait until the job trains in a new world (or ``patience`` runs out);
+    the row and the disruption's time."""
+    at = time.time()
+    action()
+
+    def trained_again() -> bool:
+        return (
+            recovered(system, job, label, at).resumed_after_s is not None
+            or system.outcome(kind, job) is not None
+        )
+
+    with contextlib.suppress(TimeoutError):
+        wait_for(trained_again, patience, f"{system.name} training again after {label}")
+    found = recovered(system, job, label, at)
+    return Row(system.name, label, *_figures(found)), at
+
+
+def recovered(system: System, job: str, label: str, at: float) -> rec.Recovery:
+    return rec.recovery(system.timeline(job), label, at, time.time())
+
+
+def _figures(found: rec.Recovery) -> tuple[float | None, int | None, str | None, int | None, int]:
+    seconds = None if found.resumed_after_s is None else round(found.resumed_after_s, 1)
+    return seconds, found.steps_lost, found.source, found.size_after, found.worlds_started
+
+
+def settle(system: System, job: str, after: float, timeout: float) -> None:
+    """Twenty steps in worlds started after ``after``, so that the next disruption meets a steady job."""
+    timeline = system.timeline
+
+    def steady() -> bool:
+        fresh = {s.world for s in timeline(job).starts if s.time > after}
+        return sum(1 for s in timeline(job).steps if s.world in fresh) >= 20
+
+    with contextlib.suppress(TimeoutError):
+        wait_for(steady, timeout, f"{job} steady")
+
+
+def _index(pod: str) -> int:
+    return int(pod.rsplit("-", 1)[1])
+
+
+def schedule(kind: Kind, system: System, job: str, patience: float) -> list[Row]:
+    """Disruptions a, d, c, b in this order on the running job (module docstring)."""
+    nodes = worker_nodes(kind, job)
+    first = min(nodes, key=_index)
+    spared = {system.rendezvous_node(kind, job), nodes[first]}
+    lost = sorted(set(nodes.values()) - spared)[0]
+    rows = []
+    row, at = disrupt(kind, system, job, "a: worker node lost", lambda: kind.take_node_away(lost), patience)
+    rows.append(row)
+    settle(system, job, at, patience)
+    row, at = disrupt(
+        kind, system, job, "d: node joins", lambda: kind.bring_node_back(lost, gpus=1), patience
+    )
+    rows.append(row)
+    settle(system, job, at, patience)
+    victim = max(worker_nodes(kind, job), key=_index)
+    row, at = disrupt(kind, system, job, "c: worker evicted", lambda: evict(kind, victim), patience)
+    rows.append(row)
+    settle(system, job, at, patience)
+    nodes = worker_nodes(kind, job)
+    node0 = nodes[min(nodes, key=_index)]
+    row, at = disrupt(
+        kind, system, job, "b: worker 0's node lost", lambda: kind.take_node_away(node0), patience
+    )
+    if row.resumed_after_s is None and system.outcome(kind, job) is None:
+        kind.bring_node_back(node0, gpus=1)
+        wait_for(
+            lambda: recovered(system, job, "b", at).resumed_after_s is not None, patience, "b, node back"
+        )
+        row = Row(system.name, row.disruption, *_figures(recovered(system, job, row.disruption, at)))
+        row.note = f"no step within {patience:.0f} s; trained again only after the node came back"
+    rows.append(row)
+    return rows
+
+
+def finish(
+    kind: Kind, system: System, job: str, submitted: float, settings: Settings, out: Path
+) -> dict[str, Any]:
+    """Wait for the job's end; its outcome and duration (from the trainers' last step), artefacts kept."""
+    wait_for(lambda: system.outcome(kind, job), 3 * settings.patience + 1200, f"{job} to end")
+    outcome = system.outcome(kind, job)
+    finished = system.timeline(job).finished_at(settings.steps)
+    restarts = sum(
+        c.get("restartCount", 0)
+        for p in kind.json("-n", NAMESPACE, "get", "pods")["items"]
+        if p["metadata"]["name"].startswith(f"{job}-worker-")
+        for c in p["status"].get("containerStatuses", [])
+    )
+    keep = out / job
+    shutil.copytree(SHARED / job, keep, ignore=shutil.ignore_patterns("checkpoints"), dirs_exist_ok=True)
+    for pod in worker_nodes(kind, job):
+        with contextlib.suppress(KindError):
+            (keep / f"{pod}.log").write_text(kind.kubectl("-n", NAMESPACE, "logs", pod, "--all-containers"))
+    kind.kubectl("-n", NAMESPACE, "delete", system.kind_of_object(), job, "--wait=true", timeout=300)
+    wait_for(lambda: not worker_nodes(kind, job), 300, f"{job}'s pods gone")
+    seconds = None if finished is None else round(finished - submitted, 1)
+    return {"outcome": outcome, "job_seconds": seconds, "container_restarts": restarts}
+
+
+def measure(kind: Kind, system: System, settings: Settings, out: Path) -> dict[str, Any]:
+    """A calm run, then the disrupted one, on the current cluster."""
+    calm = f"{system.name}-calm"
+    calm_result = finish(kind, system, calm, submit(kind, system, calm, settings), settings, out)
+    job = f"{system.name}-disrupted"
+    submitted = submit(kind, system, job, settings)
+    wait_for(lambda: training_together(system, job, 3, 0, steps=50), 900, f"{job}: three training")
+    rows = schedule(kind, system, job, settings.patience)
+    result = finish(kind, system, job, submitted, settings, out)
+    return {"calm": calm_result, "disrupted": result, "rows": [asdict(r) for r in rows]}
+
+
+def _cell(value: Any) -> str:
+    return "—" if value is None else str(value)
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    """Markdown: one row per system and disruption, then the job totals."""
+    lines = [
+        "| system | disruption | trains again after (s) | steps lost | resumed from | world after |"
+        " worlds started before training | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for result in results.values():
+        for r in result["rows"]:
+            cells = [r["system"], r["disruption"], r["resumed_after_s"], r["steps_lost"], r["source"]]
+            cells += [r["size_after"], r["worlds_started"], r["note"]]
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    lines += [
+        "",
+        "| system | calm job (s) | disrupted job (s) | ratio | outcome | container restarts |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, result in results.items():
+        calm, hit = result["calm"]["job_seconds"], result["disrupted"]["job_seconds"]
+        ratio = round(hit / calm, 2) if calm and hit else None
+        cells = [
+            name,
+            calm,
+            hit,
+            ratio,
+            result["disrupted"]["outcome"],
+            result["disrupted"]["container_restarts"],
+        ]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--systems", default="ebbflow,kubeflow,kubeflow-tuned")
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument(
+        "--vnode-seconds", type=float, default=0.05, help="simulated device time per 64 samples"
+    )
+    parser.add_argument(
+        "--patience", type=float, default=240, help="seconds to wait for training after a disruption"
+    )
+    args = parser.parse_args()
+    systems: dict[str, System] = {
+        "ebbflow": Ebbflow(),
+        "kubeflow": Kubeflow(False),
+        "kubeflow-tuned": Kubeflow(True),
+    }
+    chosen = [systems[name] for name in args.systems.split(",")]
+    settings = Settings(args.steps, args.vnode_seconds, args.patience)
+    out = RESULTS / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out.mkdir(parents=True)
+    kind, results, started = Kind(), {}, time.monotonic()
+    for system in chosen:
+        print(f"== {system.name}: fresh cluster", flush=True)
+        fresh_cluster(kind)
+        results[system.name] = measure(kind, system, settings, out)
+        (out / "results.json").write_text(
+            json.dumps({"settings": asdict(settings), "results": results}, indent=2)
+        )
+        print(table(results), flush=True)
+    (out / "table.md").write_text(table(results))
+    print(f"bench duration {time.monotonic() - started:.0f} s; results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
