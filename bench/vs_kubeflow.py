@@ -80,7 +80,6 @@ def _shared_volume(run_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 class Ebbflow:
     name = "ebbflow"
-    tuned = False
 
     def manifest(self, job: str, settings: Settings) -> dict[str, Any]:
         """The digits example as an ElasticTrainingJob; every worker appends its journal to /shared."""
@@ -225,6 +224,7 @@ def submit(kind: Kind, system: System, job: str, settings: Settings) -> float:
     """A fresh journal directory, then the job; the submission's wall time."""
     shutil.rmtree(SHARED / job, ignore_errors=True)
     (SHARED / job).mkdir(parents=True)
+    (SHARED / job).chmod(0o777)  # both systems' trainers run as non-root users
     kind.kubectl("apply", "-f", "-", input=yaml.safe_dump(system.manifest(job, settings)))
     return time.time()
 
@@ -236,13 +236,18 @@ def training_together(system: System, job: str, size: int, after: float, steps: 
     return sum(1 for s in timeline.steps if s.world in worlds) >= steps
 
 
-def worker_nodes(kind: Kind, job: str) -> dict[str, str]:
-    """Running worker pods of the job and their nodes (both systems name them <job>-worker-<i>)."""
+def worker_pods(kind: Kind, job: str) -> list[dict[str, Any]]:
+    """The job's worker pods, whatever their phase (both systems name them <job>-worker-<i>)."""
     pods = kind.json("-n", NAMESPACE, "get", "pods")["items"]
+    return [p for p in pods if p["metadata"]["name"].startswith(f"{job}-worker-")]
+
+
+def worker_nodes(kind: Kind, job: str) -> dict[str, str]:
+    """Running worker pods of the job and their nodes."""
     return {
         p["metadata"]["name"]: p["spec"].get("nodeName", "")
-        for p in pods
-        if p["metadata"]["name"].startswith(f"{job}-worker-") and p["status"].get("phase") == "Running"
+        for p in worker_pods(kind, job)
+        if p["status"].get("phase") == "Running"
     }
 
 
@@ -340,11 +345,10 @@ def schedule(kind: Kind, system: System, job: str, patience: float) -> list[Row]
     )
     if row.resumed_after_s is None and system.outcome(kind, job) is None:
         kind.bring_node_back(node0, gpus=1)
-        wait_for(
-            lambda: recovered(system, job, "b", at).resumed_after_s is not None, patience, "b, node back"
-        )
+        with contextlib.suppress(TimeoutError):
+            wait_for(lambda: recovered(system, job, "b", at).resumed_after_s is not None, patience, "b again")
         row = Row(system.name, row.disruption, *_figures(recovered(system, job, row.disruption, at)))
-        row.note = f"no step within {patience:.0f} s; trained again only after the node came back"
+        row.note = f"no step within {patience:.0f} s; the node came back then"
     rows.append(row)
     return rows
 
@@ -352,25 +356,30 @@ def schedule(kind: Kind, system: System, job: str, patience: float) -> list[Row]
 def finish(
     kind: Kind, system: System, job: str, submitted: float, settings: Settings, out: Path
 ) -> dict[str, Any]:
-    """Wait for the job's end; its outcome and duration (from the trainers' last step), artefacts kept."""
-    wait_for(lambda: system.outcome(kind, job), 3 * settings.patience + 1200, f"{job} to end")
-    outcome = system.outcome(kind, job)
-    finished = system.timeline(job).finished_at(settings.steps)
-    restarts = sum(
-        c.get("restartCount", 0)
-        for p in kind.json("-n", NAMESPACE, "get", "pods")["items"]
-        if p["metadata"]["name"].startswith(f"{job}-worker-")
-        for c in p["status"].get("containerStatuses", [])
-    )
+    """Wait for the job's end (at most ``3 x patience + 20 min``); its outcome, the steps it trained, its
+    duration (to the trainers' last step) and its containers' restarts; journals and logs kept."""
+    deadline = 3 * settings.patience + 1200
+    with contextlib.suppress(TimeoutError):
+        wait_for(lambda: system.outcome(kind, job), deadline, f"{job} to end")
+    outcome = system.outcome(kind, job) or f"not ended within {deadline:.0f} s"
+    timeline = system.timeline(job)
+    finished = timeline.finished_at(settings.steps)
+    pods = worker_pods(kind, job)
+    restarts = sum(c.get("restartCount", 0) for p in pods for c in p["status"].get("containerStatuses", []))
     keep = out / job
     shutil.copytree(SHARED / job, keep, ignore=shutil.ignore_patterns("checkpoints"), dirs_exist_ok=True)
-    for pod in worker_nodes(kind, job):
+    for pod in pods:
+        name = pod["metadata"]["name"]
         with contextlib.suppress(KindError):
-            (keep / f"{pod}.log").write_text(kind.kubectl("-n", NAMESPACE, "logs", pod, "--all-containers"))
+            (keep / f"{name}.log").write_text(kind.kubectl("-n", NAMESPACE, "logs", name, "--all-containers"))
     kind.kubectl("-n", NAMESPACE, "delete", system.kind_of_object(), job, "--wait=true", timeout=300)
-    wait_for(lambda: not worker_nodes(kind, job), 300, f"{job}'s pods gone")
-    seconds = None if finished is None else round(finished - submitted, 1)
-    return {"outcome": outcome, "job_seconds": seconds, "container_restarts": restarts}
+    wait_for(lambda: not worker_pods(kind, job), 300, f"{job}'s pods gone")
+    return {
+        "outcome": outcome,
+        "steps": max((s.step for s in timeline.steps), default=0),
+        "job_seconds": None if finished is None else round(finished - submitted, 1),
+        "container_restarts": restarts,
+    }
 
 
 def measure(kind: Kind, system: System, settings: Settings, out: Path) -> dict[str, Any]:
@@ -403,19 +412,22 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     lines += [
         "",
-        "| system | calm job (s) | disrupted job (s) | ratio | outcome | container restarts |",
-        "|---|---|---|---|---|---|",
+        "| system | calm job (s) | disrupted job (s) | ratio | outcome | steps trained | container"
+        " restarts |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, result in results.items():
         calm, hit = result["calm"]["job_seconds"], result["disrupted"]["job_seconds"]
         ratio = round(hit / calm, 2) if calm and hit else None
+        disrupted = result["disrupted"]
         cells = [
             name,
             calm,
             hit,
             ratio,
-            result["disrupted"]["outcome"],
-            result["disrupted"]["container_restarts"],
+            disrupted["outcome"],
+            disrupted["steps"],
+            disrupted["container_restarts"],
         ]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
