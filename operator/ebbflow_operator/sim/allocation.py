@@ -16,6 +16,7 @@ Both serve waiting jobs by priority then arrival, skipping (backfilling past) th
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from .. import policies
 from ..allocator import Demand, Packing, Policy
@@ -47,12 +48,13 @@ def demand(state: JobState, eligible: frozenset[str]) -> Demand:
     )
 
 
-def metrics(state: JobState, rescale_pause_s: float) -> JobMetrics:
-    """What the trainers of this job have reported so far (see `JobState.measure`, `report_loss`)."""
+def metrics(state: JobState, rescale_pause_s: float, speeds: Mapping[str, float]) -> JobMetrics:
+    """What the trainers of this job have reported so far (see `JobState.measure`, `report_loss`),
+    each measurement carrying its GPU type's learned speed, as `History.metrics` gives the policies."""
     return JobMetrics(
         global_batch=state.job.global_batch,
         virtual_nodes=state.job.virtual_nodes,
-        measurements=tuple(state.shapes.values()),
+        measurements=tuple(replace(m, speed=speeds.get(m.gpu_type, 1.0)) for m in state.shapes.values()),
         rescale_pause_s=rescale_pause_s,
         rescales=state.rescales,
         losses=tuple(state.losses),
@@ -66,8 +68,9 @@ def elastic_policy(
     devices: Mapping[str, NodeDevices],
     now: float,
     rescale_pause_s: float,
+    speeds: Mapping[str, float],
 ) -> Policy:
-    info = {} if name == "fair" else {key_of(s): metrics(s, rescale_pause_s) for s in states}
+    info = {} if name == "fair" else {key_of(s): metrics(s, rescale_pause_s, speeds) for s in states}
     return policy_named(name, info, devices, now)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .allocation import POLICIES
-from .cluster import ClusterConfig
+from .cluster import ClusterConfig, GpuType
 from .engine import Result, SimConfig, simulate, unschedulable
 from .trace import SimJob, TraceConfig, generate, read_csv, write_csv
 
@@ -45,6 +45,23 @@ def _number(kind: Callable[[str], float], low: float, high: float = float("inf")
     return parse
 
 
+def _gpu_types(raw: str) -> tuple[GpuType, ...]:
+    """``NAME:SHARE:SPEED[,...]``, e.g. ``A100:0.75:1,T4:0.25:0.3``: the nodes' GPU products, the share
+    of nodes with each and its true compute speed."""
+    types = []
+    for item in raw.split(","):
+        name, _, rest = item.partition(":")
+        share, _, speed = rest.partition(":")
+        try:
+            gpu_type = GpuType(name, float(share), float(speed))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not NAME:SHARE:SPEED, e.g. A100:0.5:1") from None
+        if not name or gpu_type.share <= 0 or gpu_type.speed <= 0:
+            raise argparse.ArgumentTypeError(f"{item!r}: needs a name, a share > 0 and a speed > 0")
+        types.append(gpu_type)
+    return tuple(types)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ebbflow-sim", description=__doc__.split("\n")[0])
     add = p.add_argument
@@ -53,6 +70,12 @@ def parser() -> argparse.ArgumentParser:
     add("--gpus", type=_number(int, 1), default=512, help="physical GPUs (a multiple of --gpus-per-node)")
     add("--gpus-per-node", type=_number(int, 1), default=8)
     add("--replicas", type=_number(int, 1), default=1, help="time-slicing replicas per physical GPU")
+    add(
+        "--gpu-types",
+        type=_gpu_types,
+        default=(GpuType(""),),
+        help="NAME:SHARE:SPEED[,...]: the nodes' GPU products, share of nodes and true speed (default: one)",
+    )
     add("--seed", type=_number(int, 0), default=0)
     add("--spot-fraction", type=_number(float, 0.0, 1.0), default=0.5)
     add("--spot-preempt-rate", type=_number(float, 0.0), default=0.05, help="per spot node-hour")
@@ -106,6 +129,7 @@ def _config(args: argparse.Namespace, p: argparse.ArgumentParser) -> SimConfig:
         spot_fraction=args.spot_fraction,
         preempt_rate_per_hour=args.spot_preempt_rate,
         replace_delay_s=args.replace_delay_s,
+        gpu_types=args.gpu_types,
     )
     return SimConfig(
         cluster=cluster,

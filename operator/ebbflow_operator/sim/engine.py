@@ -24,9 +24,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..throughput import Placement
+from ..policies import NodeDevices
+from ..throughput import Placement, compute_speeds
 from .allocation import ELASTIC, POLICIES, Placer, demand, elastic_policy, key_of, rigid_allocate
-from .cluster import ClusterConfig, initial_nodes, lifetime_s, replacement
+from .cluster import ClusterConfig, initial_nodes, lifetime_s, node_type, replacement
 from .state import JobState
 from .trace import SimJob
 
@@ -245,9 +246,12 @@ class Simulation:
         # Only the elastic policies place a job's minimum on-demand; the rigid baselines' scheduler
         # knows no minimum, so their placement ignores which nodes are spot.
         elastic = self.policy in ELASTIC
-        devices = {n: self.config.cluster.devices(spot and elastic) for n, spot in self.nodes.items()}
+        # What the operator knows of the GPU types: the speeds it learns from the jobs' measurements.
+        speeds = compute_speeds(tuple(s.shapes.values()) for s in states) if elastic else {}
+        devices = {n: self._devices(n, spot and elastic, speeds) for n, spot in self.nodes.items()}
         if self.policy in ELASTIC:
-            policy = elastic_policy(self.policy, states, devices, self.now, self.config.rescale_pause_s)
+            pause = self.config.rescale_pause_s
+            policy = elastic_policy(self.policy, states, devices, self.now, pause, speeds)
             counts = policy.allocate(demands, free)
         else:
             counts = rigid_allocate(self.policy, states, demands, free)
@@ -257,6 +261,10 @@ class Simulation:
             changed |= self._move(state, placed[key_of(state)])
         if changed:
             self._changed()
+
+    def _devices(self, node: str, spot: bool, speeds: dict[str, float]) -> NodeDevices:
+        name = node_type(self.config.cluster, node).name
+        return self.config.cluster.devices(spot, name, speeds.get(name, 1.0))
 
     def _move(self, state: JobState, nodes: list[str]) -> bool:
         """Applies a job's new nodes; charges a start, a rescale or a hand-over."""
@@ -292,10 +300,12 @@ class Simulation:
             return
         distinct = set(state.workers)
         share = max(max(1.0, self.used[n] / self.devices.physical) for n in distinct)
-        placement = Placement(len(state.workers), len(distinct), share)
+        types = {node_type(self.config.cluster, n) for n in distinct}
+        # Synchronous training runs at the pace of its slowest GPU type.
+        placement = Placement(len(state.workers), len(distinct), share, min(t.speed for t in types))
         model = state.job.model()
         state.rate = model.goodput(placement)
-        state.measure(placement, model.step_s(placement))
+        state.measure(placement, model.step_s(placement), types.pop().name if len(types) == 1 else "")
 
     def _account(self) -> None:
         physical = self.devices.physical

@@ -34,7 +34,7 @@ class JobState:
     preemptions: int = 0
     lost_samples: float = 0.0  # work thrown away by roll-backs
     lost_state: bool = False  # the next start restores a checkpoint (pays the restart cost)
-    shapes: dict[tuple[int, int, float], Measurement] = field(default_factory=dict)
+    shapes: dict[tuple[int, int, float, str], Measurement] = field(default_factory=dict)
     losses: list[tuple[float, float]] = field(default_factory=list)
     next_report: float = 0.0
 
@@ -91,15 +91,16 @@ class JobState:
         self.checkpoint = self.progress
         self.active_since_checkpoint = 0.0
 
-    def measure(self, placement: Placement, step_s: float) -> None:
-        """Records what the trainers report at this placement (the true model, no noise)."""
+    def measure(self, placement: Placement, step_s: float, gpu_type: str = "") -> None:
+        """Records what the trainers report at this placement (the true model, no noise), on GPUs of
+        `gpu_type` ("" when the job's nodes mix types)."""
         micro, accum = step_shape(self.job.global_batch, self.job.virtual_nodes, placement.workers)
-        key = (placement.workers, placement.nodes, placement.share)
+        key = (placement.workers, placement.nodes, placement.share, gpu_type)
         if key in self.shapes:
             return
-        compute = self.job.params.compute_s(micro) * slowdown(placement.share)
+        compute = self.job.params.compute_s(micro) * slowdown(placement.share) / placement.speed
         self.shapes[key] = Measurement(
-            placement.workers, micro, step_s, compute, placement.nodes, accum, placement.share
+            placement.workers, micro, step_s, compute, placement.nodes, accum, placement.share, gpu_type
         )
         while len(self.shapes) > MAX_SHAPES:
             self.shapes.pop(next(iter(self.shapes)))

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 from ebbflow_operator.sim import cli
-from ebbflow_operator.sim.cluster import ClusterConfig
+from ebbflow_operator.sim.allocation import metrics
+from ebbflow_operator.sim.cluster import ClusterConfig, GpuType, initial_nodes, node_type, replacement
 from ebbflow_operator.sim.engine import SimConfig, Simulation
+from ebbflow_operator.sim.state import JobState
 from ebbflow_operator.sim.trace import SimJob, TraceConfig, generate, read_csv, write_csv
 from ebbflow_operator.throughput import Placement
 
@@ -180,6 +182,9 @@ def test_a_trace_without_requested_workers_runs_rigidly_at_max(tmp_path: Path) -
         pytest.param(["--policy", "nope"], "--policy", id="policy"),
         pytest.param(["--gpus", "10", "--gpus-per-node", "8"], "--gpus", id="gpus-not-whole-nodes"),
         pytest.param(["--trace", "/nonexistent.csv"], "--trace", id="trace-missing"),
+        pytest.param(["--gpu-types", "A100:half:1"], "--gpu-types", id="gpu-type-share-not-a-number"),
+        pytest.param(["--gpu-types", "A100:0.5:0"], "--gpu-types", id="gpu-type-speed-zero"),
+        pytest.param(["--gpu-types", ":0.5:1"], "--gpu-types", id="gpu-type-without-name"),
     ],
 )
 def test_bad_flags_fail_naming_the_flag(
@@ -208,3 +213,47 @@ def test_plot_writes_the_series_without_matplotlib(tmp_path: Path, monkeypatch: 
     cli.run(["--jobs", "5", "--gpus", "16", "--policy", "fair", "--plot", str(tmp_path)])
     assert (tmp_path / "jct_fair.csv").read_text().startswith("jct_s")
     assert not (tmp_path / "jct_cdf.png").exists()
+
+
+def test_gpu_types_take_their_share_of_nodes_spot_and_on_demand_alike() -> None:
+    types = (GpuType("A100", 0.75, 1.0), GpuType("T4", 0.25, 0.3))
+    cluster = ClusterConfig(gpus=800, gpus_per_node=8, spot_fraction=0.5, gpu_types=types)
+    nodes = initial_nodes(cluster)
+    t4 = {n for n in nodes if node_type(cluster, n).name == "T4"}
+    assert abs(len(t4) - 25) <= 1
+    assert abs(sum(1 for n in t4 if nodes[n]) - 12.5) <= 2, "T4 nodes spread over spot and on-demand"
+    assert all(node_type(cluster, replacement(replacement(n))) == node_type(cluster, n) for n in nodes)
+
+
+def test_a_job_on_a_slower_gpu_type_runs_at_that_speed_and_reports_it() -> None:
+    a = job(hi=4, seconds=1000.0)
+    cfg = config()
+    slow = replace(cfg, cluster=replace(cfg.cluster, gpu_types=(GpuType("T4", 1.0, 0.25),)))
+    state = sim([a], "fair", slow).states["a"]
+    assert state.finished_s == pytest.approx(a.work_samples / a.model().goodput(Placement(4, 1, 1.0, 0.25)))
+    assert state.finished_s > 1000.0
+    (measured,) = state.shapes.values()
+    assert measured.gpu_type == "T4"
+    assert measured.compute_s == pytest.approx(4 * a.params.compute_s(measured.micro_batch))
+
+
+def test_a_job_across_gpu_types_runs_at_the_slowest_and_reports_no_single_type() -> None:
+    """Eight workers over two 4-GPU nodes, one A100 and one four times slower."""
+    types = (GpuType("A100", 0.5, 1.0), GpuType("T4", 0.5, 0.25))
+    cfg = config(gpus=8, per_node=4)
+    cfg = replace(cfg, cluster=replace(cfg.cluster, gpu_types=types))
+    assert {node_type(cfg.cluster, n).name for n in initial_nodes(cfg.cluster)} == {"A100", "T4"}
+    a = job(hi=8, seconds=1000.0)
+    state = sim([a], "fair", cfg).states["a"]
+    assert state.finished_s == pytest.approx(a.work_samples / a.model().goodput(Placement(8, 2, 1.0, 0.25)))
+    assert [m.gpu_type for m in state.shapes.values()] == [""]
+
+
+def test_the_policies_see_the_learned_speed_of_each_measurement() -> None:
+    state = JobState(job(hi=4))
+    state.measure(Placement(4, 1, 1.0, 0.25), 1.0, "T4")
+    state.measure(Placement(4, 1, 1.0, 1.0), 1.0, "A100")
+    seen = metrics(state, 5.0, {"A100": 1.0, "T4": 0.25}).measurements
+    assert sorted((m.gpu_type, m.speed) for m in seen) == [("A100", 1.0), ("T4", 0.25)]
+    slow, fast = sorted(seen, key=lambda m: m.speed)
+    assert slow.compute_s == pytest.approx(4 * fast.compute_s)
