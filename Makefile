@@ -21,7 +21,7 @@ PIP_CACHE_FLAG := $(if $(filter true,$(CI)),--no-cache-dir,)
 PYPROJECTS := pyproject.toml api/pyproject.toml operator/pyproject.toml trainer-image/pyproject.toml
 
 .PHONY: help demo install tools cluster-up cluster-down lint typecheck test test-unit test-trainer \
-	test-integration test-e2e test-e2e-ci crds base-image images images-test kind-images kind-up \
+	test-integration test-e2e crds base-image images images-test kind-images kind-up \
 	kind-smoke kind-down bench-operator bench-trainer bench-vs-kubeflow clean
 
 help: ## List every target with one line.
@@ -57,9 +57,12 @@ typecheck: ## mypy (strict) over both packages.
 	@$(VENV)/bin/mypy
 
 test: install tools ## Everything CI runs: lint, typecheck, unit, trainer and integration tiers; under CI=true also e2e.
+ifeq ($(CI),true)
+	@bash hack/ci-test.sh
+else
 	@$(MAKE) --no-print-directory lint typecheck
 	$(PYTEST) -m "unit or trainer or integration" tests
-	@if [ "$$CI" = true ]; then $(MAKE) --no-print-directory test-e2e-ci; fi
+endif
 
 test-unit: install ## Unit tier: pure logic and trainer maths, no API.
 	$(PYTEST) -m unit tests
@@ -72,12 +75,6 @@ test-integration: install tools ## Integration tier: real control plane with KWO
 
 test-e2e: install tools ## End-to-end tier: real pods on the kind cluster (builds and loads images; minutes cold). See e2e/.
 	$(PYTEST) e2e
-
-# CI: images and Go-built tools first, then their caches freed (hack/ci-prepare-e2e.sh: a CI machine's
-# disk is limited), then the e2e tier; the kind cluster is removed whatever the outcome.
-test-e2e-ci: install tools
-	@bash hack/ci-prepare-e2e.sh
-	@status=0; $(PYTEST) e2e || status=$$?; bash hack/kind/down.sh || true; exit $$status
 
 crds: install ## Regenerate crds/ from the API models (api/ebbflow_api/models.py).
 	$(PY) -m ebbflow_api.crd > crds/ebbflow.dev_elastictrainingjobs.yaml

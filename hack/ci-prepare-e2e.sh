@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
-# CI only (`make test-e2e-ci`): builds everything the e2e tier needs before any kind cluster exists,
-# then frees Go's build and module caches and the
-# wheelhouse.
+# CI only (hack/ci-test.sh): builds everything the e2e tier needs before any kind cluster exists,
+# then frees Go's build and module caches and the wheelhouse.
+#
+#   ci-prepare-e2e.sh build    the kind node, device plugin, Prometheus and Cilium images, and the CPU
+#                              trainer image when the disk has room for it now; runs while the test
+#                              tiers run (they need Go's caches: nothing here removes them)
+#   ci-prepare-e2e.sh finish   after the tiers: Go's caches removed, the trainer image (if `build` left
+#                              it), the wheelhouse removed
 #
 # Why: a CI machine's free disk varies (seen from under 50 GB to 80 GB). Left to the e2e fixture,
 # the trainer image is built (about 10 GB transient) while four kind nodes are up, and Go's caches
 # (about 14 GB after the Kubernetes, etcd, Prometheus and device-plugin builds) are still on disk
 # when the 4.6 GB trainer image is unpacked into the third worker: one CI run failed there with
-# "no space left on device". Built first, in this order, the peak is the largest of the steps, not
-# their sum. Every step is cached, so the fixture's own calls afterwards take seconds and build
-# nothing; nothing after this runs `go` or
-# installs from the wheelhouse. A developer machine never runs this: it keeps its caches.
+# "no space left on device". Built first, the peak is bounded by what is on disk at once, not by
+# the cluster. Every step is cached, so the fixture's own calls afterwards take seconds and build
+# nothing; nothing after `finish` runs `go` or installs from the wheelhouse. A developer machine
+# never runs this: it keeps its caches.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
+# Free disk (GB) under which `build` leaves the trainer image to `finish`: its build needs about 10 GB
+# transient plus the 4.6 GB image, beside Go's caches.
+TRAINER_BUILD_NEEDS_GB=${TRAINER_BUILD_NEEDS_GB:-25}
+
 # Each step's duration also goes to $EBBFLOW_TIMINGS when set (.ci/run prints that file at the end).
 last=""
 step_started=$SECONDS
@@ -27,24 +36,46 @@ say() {
   echo "[ci-prepare-e2e] $* (disk free: $(df -h --output=avail . | tail -1 | tr -d ' '))" >&2
 }
 
-say "kind node image"
-bash hack/kind/build-node-image.sh >/dev/null
-say "fake GPU device plugin image"
-bash hack/fake-gpu-plugin/build-image.sh >/dev/null
-say "Prometheus image"
-bash hack/build-tools.sh prometheus
-bash hack/prometheus/build-image.sh >/dev/null
-say "Cilium agent image (NetworkPolicy enforcement)"
-bash hack/cilium/build-image.sh >/dev/null
-# (hack/cilium/install.sh fetches the Cilium module again, 38 MB, for its chart and CRDs.)
-say "every Go-built tool and image exists: removing Go's build and module caches"
-# Best effort: disk is what this buys, and hack/kind/load-image.sh frees more when short. A go command
-# still using the caches (another checkout's tests on the same machine) makes the removal fail in
-# part; that must not fail the run.
-go clean -cache -modcache || say "could not remove all of Go's caches (a go command still uses them); going on"
-say "operator and CPU trainer images"
+free_gb() { df -BG --output=avail . | tail -1 | tr -dc '0-9'; }
+
 # The kind nodes run the CPU trainer only, as the e2e fixture builds it (devcluster/kind.py).
-TRAINER_VARIANTS=cpu bash hack/images/build-images.sh
-say "images built: removing the wheelhouse they were installed from"
-rm -rf "${EBBFLOW_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ebbflow}/wheelhouse"
-say "ready for the e2e tier"
+trainer_images() { TRAINER_VARIANTS=cpu bash hack/images/build-images.sh; }
+
+build() {
+  say "kind node image"
+  bash hack/kind/build-node-image.sh >/dev/null
+  say "fake GPU device plugin image"
+  bash hack/fake-gpu-plugin/build-image.sh >/dev/null
+  say "Prometheus image"
+  bash hack/build-tools.sh prometheus
+  bash hack/prometheus/build-image.sh >/dev/null
+  say "Cilium agent image (NetworkPolicy enforcement)"
+  bash hack/cilium/build-image.sh >/dev/null
+  # (hack/cilium/install.sh fetches the Cilium module again, 38 MB, for its chart and CRDs.)
+  if (($(free_gb) >= TRAINER_BUILD_NEEDS_GB)); then
+    say "operator and CPU trainer images"
+    trainer_images
+  else
+    echo "[ci-prepare-e2e] $(free_gb) GB free, under $TRAINER_BUILD_NEEDS_GB GB: the trainer image waits for Go's caches to go" >&2
+  fi
+  say "images built"
+}
+
+finish() {
+  say "removing Go's build and module caches"
+  # Best effort: disk is what this buys, and hack/kind/load-image.sh frees more when short. A go command
+  # still using the caches (another checkout's tests on the same machine) makes the removal fail in
+  # part; that must not fail the run.
+  go clean -cache -modcache || say "could not remove all of Go's caches (a go command still uses them); going on"
+  say "operator and CPU trainer images (cached when already built)"
+  trainer_images
+  say "images built: removing the wheelhouse they were installed from"
+  rm -rf "${EBBFLOW_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ebbflow}/wheelhouse"
+  say "ready for the e2e tier"
+}
+
+case ${1:-} in
+  build) build ;;
+  finish) finish ;;
+  *) echo "usage: $0 build|finish" >&2; exit 2 ;;
+esac
