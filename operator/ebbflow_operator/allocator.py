@@ -9,7 +9,8 @@ whose minimum does not fit gets 0 and waits.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from bisect import bisect_left, insort
+from collections.abc import ItemsView, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Protocol
@@ -31,6 +32,50 @@ class Demand:
     current_nodes: tuple[str, ...] = ()  # nodes of the job's running workers, one entry per worker
 
 
+# What a packing's preferences look at on a node besides its name: (free GPUs, GPUs that would
+# still get a device of their own, spot, relative speed of its GPU type).
+NodeClass = tuple[int, int, bool, float]
+
+
+class NodeIndex:
+    """Nodes grouped by `NodeClass`, each group's names kept sorted. A cluster has few classes and
+    many nodes, so the best node for a worker is found by ranking the classes and taking a group's
+    first acceptable name instead of scanning every node per worker (at 10,000 jobs on 512 nodes
+    the scans were most of a simulation's time)."""
+
+    def __init__(self) -> None:
+        self._class: dict[str, NodeClass] = {}
+        self._groups: dict[NodeClass, list[str]] = {}
+
+    def put(self, node: str, cls: NodeClass) -> None:
+        """Files `node` under `cls`, out of its old group."""
+        old = self._class.get(node)
+        if old == cls:
+            return
+        if old is not None:
+            group = self._groups[old]
+            del group[bisect_left(group, node)]
+            if not group:
+                del self._groups[old]
+        self._class[node] = cls
+        insort(self._groups.setdefault(cls, []), node)
+
+    def class_of(self, node: str) -> NodeClass | None:
+        return self._class.get(node)
+
+    def groups(self) -> ItemsView[NodeClass, list[str]]:
+        """Every non-empty class with its nodes in name order (not to be modified)."""
+        return self._groups.items()
+
+
+def first_acceptable(names: list[str], eligible: frozenset[str], mine: Set[str] = frozenset()) -> str | None:
+    """The first of `names` the job may use and does not run on yet."""
+    for name in names:
+        if name in eligible and name not in mine:
+            return name
+    return None
+
+
 class Packing:
     """Simulated placement of workers on nodes; policies grow jobs one worker at a time through it."""
 
@@ -38,6 +83,19 @@ class Packing:
         self.free = dict(free)
         self._sticky: dict[JobKey, list[str]] = {}
         self._placed: dict[JobKey, list[str]] = {}
+        self._index = NodeIndex()
+        for node in self.free:  # a subclass sets what its `_class_of` reads before this runs
+            self._index.put(node, self._class_of(node))
+
+    def _class_of(self, node: str) -> NodeClass:
+        """Without device information every free GPU is exclusive, on-demand and of speed 1."""
+        free = self.free[node]
+        return free, free, False, 1.0
+
+    def _take(self, node: str, gpus: int) -> None:
+        """`gpus` fewer free on `node` (negative: given back); keeps the index current."""
+        self.free[node] -= gpus
+        self._index.put(node, self._class_of(node))
 
     def count(self, key: JobKey) -> int:
         return len(self._placed.get(key, ()))
@@ -57,22 +115,33 @@ class Packing:
         while sticky:
             node = sticky.pop(0)
             if node in demand.eligible and self.free.get(node, 0) >= need:
-                self.free[node] -= need
+                self._take(node, need)
                 placed.append(node)
                 return True
-        fits = [name for name in demand.eligible if self.free.get(name, 0) >= need]
-        if not fits:
+        node = self._best_fit(need, demand.eligible)
+        if node is None:
             return False
-        node = min(fits, key=lambda name: (self.free[name], name))  # best fit keeps big holes whole
-        self.free[node] -= need
+        self._take(node, need)
         placed.append(node)
         return True
+
+    def _best_fit(self, need: int, eligible: frozenset[str]) -> str | None:
+        """The eligible node with the fewest free GPUs that still holds `need` (best fit keeps big
+        holes whole), the first by name among equals."""
+        best: tuple[int, str] | None = None
+        for (free, _, _, _), names in self._index.groups():
+            if free < need or (best is not None and free > best[0]):
+                continue
+            name = first_acceptable(names, eligible)
+            if name is not None and (best is None or (free, name) < best):
+                best = (free, name)
+        return best[1] if best is not None else None
 
     def withdraw(self, demand: Demand) -> None:
         """Takes back every worker placed for `demand` (its minimum did not fit)."""
         for node in self._placed.pop(demand.key, []):
             if node:
-                self.free[node] += demand.gpus_per_worker
+                self._take(node, -demand.gpus_per_worker)
         self._sticky.pop(demand.key, None)
 
     def place_min(self, demand: Demand) -> bool:

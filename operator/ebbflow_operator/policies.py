@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import groupby
 
-from .allocator import Demand, Packing, Policy, PriorityFairShare
+from .allocator import Demand, NodeClass, Packing, Policy, PriorityFairShare, first_acceptable
 from .loss_curve import LossCurve, fit_loss_curve
 from .model import JobKey
 from .throughput import JobModel, Measurement, Placement, ThroughputParams, fit_cached
@@ -92,89 +92,91 @@ def _fit(free: int, whole: int) -> tuple[bool, int]:
     return (False, free) if free >= whole else (True, -free)
 
 
+# How `SlicedPacking.peek` orders nodes, the name aside (smallest first).
+Rank = tuple[bool, bool, float, bool, int]
+
+
+def _rank(cls: NodeClass, need: int, within_min: bool, whole: int | None, theirs: bool) -> Rank:
+    """A node's rank for the next worker of a job: on spot while the job's minimum is placed, then
+    sharing a device, then slower, then (a growing job, `whole` None) not one of the job's nodes and
+    more free GPUs; (a first worker) not holding the `whole` job, best fit."""
+    free, exclusive, spot, speed = cls
+    head = (within_min and spot, exclusive < need, -speed)
+    if whole is None:
+        return (*head, theirs, free)
+    return (*head, *_fit(free, whole))
+
+
 class SlicedPacking(Packing):
     """`Packing` that knows physical devices, spot nodes and locality: after the nodes a job runs on
     now it prefers on-demand nodes for its minimum, then a node where the
     worker gets an idle physical GPU, then the fastest GPU type, then one the job was just given
     (fewer nodes, cheaper sync), then best fit; a job's first worker goes to the best-fitting node
     that could hold the whole job, else the roomiest, so jobs grow locally instead of
-    interleaving. It also reports a job's placement."""
+    interleaving. It also reports a job's placement.
+
+    Every preference but the name is a function of the node's `NodeClass`, so `peek` ranks the
+    index's classes rather than the nodes; a job's distinct nodes and slowest GPU type are kept
+    current as it grows, so `placement` need not walk its workers."""
 
     def __init__(self, free: Mapping[str, int], devices: Mapping[str, NodeDevices]) -> None:
+        self.devices = devices  # before `Packing.__init__`, which files the nodes by `_class_of`
         super().__init__(free)
-        self.devices = devices
-        # Kept current on every placement: each node's exclusive GPUs, and how many nodes have each
-        # count (so `room` need not scan thousands of nodes per call).
-        self._exclusive: dict[str, int] = {}
-        self._nodes_by_exclusive: Counter[int] = Counter()
+        self._nodes: dict[JobKey, set[str]] = {}
+        self._slowest: dict[JobKey, float] = {}
         self._covers_every_node: dict[frozenset[str], bool] = {}
-        for node in self.free:
-            self._refresh(node)
+        # No node advertises more GPUs than it has devices and none is over-committed: every
+        # placement that fits has share 1, so `placement` need not compute the shares.
+        self._never_shared = all(gpus >= 0 for gpus in self.free.values()) and all(
+            dev.physical <= 0 or dev.replicas <= dev.physical for dev in devices.values()
+        )
 
-    def _refresh(self, node: str) -> None:
-        old = self._exclusive.get(node)
-        if old is not None:
-            self._nodes_by_exclusive[old] -= 1
-        self._exclusive[node] = new = self._exclusive_of(node)
-        self._nodes_by_exclusive[new] += 1
+    def _class_of(self, node: str) -> NodeClass:
+        dev = self.devices.get(node)
+        free = self.free[node]
+        if dev is None:
+            return free, free, False, 1.0
+        return free, max(0, min(free, dev.physical - self._used(node))), dev.spot, dev.speed
 
     def _used(self, node: str) -> int:
         dev = self.devices.get(node)
         return dev.replicas - self.free.get(node, 0) if dev is not None else 0
 
-    def _exclusive_of(self, node: str) -> int:
+    def _exclusive(self, node: str) -> int:
         """GPUs on `node` that would still get a device of their own (all free ones if unknown)."""
-        dev = self.devices.get(node)
-        free = self.free.get(node, 0)
-        return free if dev is None else max(0, min(free, dev.physical - self._used(node)))
-
-    def _shared(self, node: str, need: int) -> bool:
-        return self._exclusive.get(node, 0) < need
+        cls = self._index.class_of(node)
+        return cls[1] if cls is not None else 0
 
     def peek(self, demand: Demand) -> str | None:
         """The node `place` would use next ('' for a GPU-less worker, None when nothing fits)."""
         need = demand.gpus_per_worker
         if need <= 0:
             return ""
+        eligible = demand.eligible
         for node in self._sticky.get(demand.key, list(demand.current_nodes)):
-            if node in demand.eligible and self.free.get(node, 0) >= need:
+            if node in eligible and self.free.get(node, 0) >= need:
                 return node
-        fits = [name for name in demand.eligible if self.free.get(name, 0) >= need]
-        if not fits:
-            return None
         placed = self._placed.get(demand.key, ())
         within_min = len(placed) < demand.min
-
-        def misplaced(node: str) -> bool:
-            """On spot while the job's minimum is placed."""
-            device = self.devices.get(node)
-            return within_min and device is not None and device.spot
-
         mine = set(placed)
-        if mine:
-            return min(
-                fits,
-                key=lambda n: (
-                    misplaced(n),
-                    self._shared(n, need),
-                    -self._speed(n),
-                    n not in mine,
-                    self.free[n],
-                    n,
-                ),
-            )
         # A first worker: best fit among the nodes that could hold the whole job, else the roomiest.
-        whole = demand.max * need
-        return min(
-            fits,
-            key=lambda n: (
-                misplaced(n),
-                self._shared(n, need),
-                -self._speed(n),
-                *_fit(self.free[n], whole),
-                n,
-            ),
-        )
+        whole = None if mine else demand.max * need
+        best: tuple[bool, bool, float, bool, int, str] | None = None
+        for node in mine:
+            cls = self._index.class_of(node)
+            if cls is not None and node in eligible and cls[0] >= need:
+                candidate = (*_rank(cls, need, within_min, whole, False), node)
+                best = candidate if best is None or candidate < best else best
+        for cls, names in self._index.groups():
+            if cls[0] < need:
+                continue
+            rank = _rank(cls, need, within_min, whole, True)
+            if best is not None and rank > best[:5]:
+                continue
+            name = first_acceptable(names, eligible, mine)
+            if name is not None and (best is None or (*rank, name) < best):
+                best = (*rank, name)
+        return best[5] if best is not None else None
 
     def _speed(self, node: str) -> float:
         device = self.devices.get(node)
@@ -188,36 +190,34 @@ class SlicedPacking(Packing):
         if node:
             sticky = self._sticky.setdefault(demand.key, list(demand.current_nodes))
             self._sticky[demand.key] = sticky[sticky.index(node) + 1 :] if node in sticky else []
-            self.free[node] -= demand.gpus_per_worker
-            self._refresh(node)
+            self._take(node, demand.gpus_per_worker)
+            self._nodes.setdefault(demand.key, set()).add(node)
+            self._slowest[demand.key] = min(self._slowest.get(demand.key, math.inf), self._speed(node))
         placed.append(node)
         return True
 
     def withdraw(self, demand: Demand) -> None:
-        nodes = set(self._placed.get(demand.key, ()))
         super().withdraw(demand)
-        for node in nodes - {""}:
-            self._refresh(node)
+        self._nodes.pop(demand.key, None)
+        self._slowest.pop(demand.key, None)
 
     def room(self, demand: Demand) -> tuple[int, int, int]:
         """(workers that still get an exclusive device on the job's nodes, workers a fresh node
         holds exclusively, how many other eligible nodes could take at least one that way)."""
         need = max(1, demand.gpus_per_worker)
-        mine = {n for n in self._placed.get(demand.key, ()) if n}
-        exclusive = self._exclusive
-        room = sum(exclusive.get(n, 0) // need for n in mine)
+        mine = self._nodes.get(demand.key, set())
+        room = sum(self._exclusive(n) // need for n in mine)
         if not self._covers(demand.eligible):
             spare = [
-                w for w in (exclusive.get(n, 0) // need for n in demand.eligible if n not in mine) if w > 0
+                w for w in (self._exclusive(n) // need for n in demand.eligible if n not in mine) if w > 0
             ]
             return room, max(spare, default=1), len(spare)
-        # Every node is eligible: count from the histogram, less the job's own nodes.
-        nodes = self._nodes_by_exclusive.copy()
+        # Every node is eligible: count by class, less the job's own nodes.
+        workers: Counter[int] = Counter()
+        for (_, exclusive, _, _), names in self._index.groups():
+            workers[exclusive // need] += len(names)
         for node in mine:
-            nodes[exclusive[node]] -= 1
-        workers = {count // need: 0 for count in nodes}
-        for count, how_many in nodes.items():
-            workers[count // need] += how_many
+            workers[self._exclusive(node) // need] -= 1
         fitting = {w: n for w, n in workers.items() if w > 0 and n > 0}
         return room, max(fitting, default=1), sum(fitting.values())
 
@@ -237,13 +237,17 @@ class SlicedPacking(Packing):
 
     def placement(self, demand: Demand, extra: str | None = None) -> Placement:
         """The job's placement now, or with one more worker on `extra`."""
-        nodes = list(self._placed.get(demand.key, ()))
-        if extra is not None:
-            nodes.append(extra)
-        real = {n for n in nodes if n}
-        share = max((self.share(n, demand.gpus_per_worker if n == extra else 0) for n in real), default=1.0)
-        speed = min((self._speed(n) for n in real), default=1.0)
-        return Placement(workers=len(nodes), nodes=max(1, len(real)), share=share, speed=speed)
+        nodes = self._nodes.get(demand.key, set())
+        real = nodes | {extra} if extra else nodes
+        workers = self.count(demand.key) + (extra is not None)
+        need = demand.gpus_per_worker
+        if self._never_shared and (not extra or self.free.get(extra, 0) >= need):
+            share = 1.0
+        else:
+            share = max((self.share(n, need if n == extra else 0) for n in real), default=1.0)
+        speeds = [self._slowest[demand.key]] if demand.key in self._slowest else []
+        speed = min([*speeds, self._speed(extra)] if extra else speeds, default=1.0)
+        return Placement(workers=workers, nodes=max(1, len(real)), share=share, speed=speed)
 
 
 # A job's utility at a placement (higher is better); the greedy maximises their sum.
@@ -336,9 +340,26 @@ def _grow(jobs: Sequence[Demand], packing: SlicedPacking, utility: Utility, brea
             heapq.heappush(heap, (-gain, created, key, add, demand))
 
 
+def _memoised(utility: Utility) -> Utility:
+    """`utility`, evaluated once per (job, placement) in a pass: the greedy re-ranks a job after
+    every placement anywhere and mostly asks for placements it has asked for before. Sound because
+    within one pass a job's utility depends only on its placement."""
+    seen: dict[tuple[JobKey, Placement], float] = {}
+
+    def cached(demand: Demand, placement: Placement) -> float:
+        key = (demand.key, placement)
+        value = seen.get(key)
+        if value is None:
+            value = seen[key] = utility(demand, placement)
+        return value
+
+    return cached
+
+
 def _allocate(
     demands: Sequence[Demand], packing: SlicedPacking, utility: Utility, breakpoints: Breakpoints
 ) -> dict[JobKey, int]:
+    utility = _memoised(utility)
     ordered = sorted(demands, key=lambda d: (-d.priority, d.created, d.key))
     for _, level in groupby(ordered, key=lambda d: d.priority):
         jobs = [d for d in level if d.max >= d.min]
@@ -350,8 +371,10 @@ def _allocate(
     return {d.key: packing.count(d.key) for d in demands}
 
 
-def _typical_node(demand: Demand, free: Mapping[str, int], devices: Mapping[str, NodeDevices]) -> int:
-    sizes = [devices[n].physical if n in devices else free.get(n, 0) for n in demand.eligible]
+def _typical_node(
+    eligible: frozenset[str], free: Mapping[str, int], devices: Mapping[str, NodeDevices]
+) -> int:
+    sizes = [devices[n].physical if n in devices else free.get(n, 0) for n in eligible]
     return max([s for s in sizes if s > 0], default=1)
 
 
@@ -379,7 +402,15 @@ class GoodputPolicy:
         fair = PriorityFairShare().allocate(demands, free)
         info = {d.key: self.metrics.get(d.key, default_metrics(d)) for d in demands}
         models = {key: m.model() for key, m in info.items()}
-        baseline = {d.key: self._baseline(d, models[d.key], fair[d.key], free) for d in demands}
+        # Jobs share their eligible sets (the simulator's are one), so each set's node size is
+        # worked out once per pass, not once per job over every node.
+        typical: dict[frozenset[str], int] = {}
+        for d in demands:
+            if d.eligible not in typical:
+                typical[d.eligible] = _typical_node(d.eligible, free, self.devices)
+        baseline = {
+            d.key: self._baseline(d, models[d.key], fair[d.key], typical[d.eligible]) for d in demands
+        }
 
         def utility(demand: Demand, placement: Placement) -> float:
             if placement.workers <= 0:
@@ -391,11 +422,9 @@ class GoodputPolicy:
 
         return _allocate(demands, SlicedPacking(free, self.devices), utility, _breakpoints(info))
 
-    def _baseline(self, demand: Demand, model: JobModel, fair: int, free: Mapping[str, int]) -> float:
+    def _baseline(self, demand: Demand, model: JobModel, fair: int, typical_node: int) -> float:
         workers = fair if fair > 0 else max(1, demand.min)
-        nodes = math.ceil(
-            workers * max(1, demand.gpus_per_worker) / _typical_node(demand, free, self.devices)
-        )
+        nodes = math.ceil(workers * max(1, demand.gpus_per_worker) / typical_node)
         return max(model.goodput(Placement(workers, max(1, nodes))), 1e-12)
 
     def _restart_factor(self, demand: Demand) -> float:
