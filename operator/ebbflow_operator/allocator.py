@@ -118,11 +118,11 @@ class Packing:
                 self._take(node, need)
                 placed.append(node)
                 return True
-        node = self._best_fit(need, demand.eligible)
-        if node is None:
+        best = self._best_fit(need, demand.eligible)
+        if best is None:
             return False
-        self._take(node, need)
-        placed.append(node)
+        self._take(best, need)
+        placed.append(best)
         return True
 
     def _best_fit(self, need: int, eligible: frozenset[str]) -> str | None:

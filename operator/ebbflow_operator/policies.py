@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import groupby
+from typing import TypeVar
 
 from .allocator import Demand, NodeClass, Packing, Policy, PriorityFairShare, first_acceptable
 from .loss_curve import LossCurve, fit_loss_curve
@@ -45,6 +46,7 @@ from .throughput import JobModel, Measurement, Placement, ThroughputParams, fit_
 POLICIES = ("fair", "goodput", "quality")  # what `ebbflow-operator --policy` and the simulator choose
 DEFAULT_RESCALE_PAUSE_S = 30.0
 NO_WORKERS_PENALTY = 1e9  # 1/speedup of a job with no workers: any first worker beats any growth
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -371,6 +373,20 @@ def _allocate(
     return {d.key: packing.count(d.key) for d in demands}
 
 
+def _per_job(make: Callable[[Demand], T]) -> Callable[[Demand], T]:
+    """`make(demand)` (a job's fitted models), worked out the first time a pass needs it and then
+    remembered. Most jobs of a pass are never asked (at their max, or no node has room for them),
+    and fitting every job's loss curve up front was most of the quality policy's time at scale."""
+    done: dict[JobKey, T] = {}
+
+    def get(demand: Demand) -> T:
+        if demand.key not in done:
+            done[demand.key] = make(demand)
+        return done[demand.key]
+
+    return get
+
+
 def _typical_node(
     eligible: frozenset[str], free: Mapping[str, int], devices: Mapping[str, NodeDevices]
 ) -> int:
@@ -401,21 +417,24 @@ class GoodputPolicy:
     def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]:
         fair = PriorityFairShare().allocate(demands, free)
         info = {d.key: self.metrics.get(d.key, default_metrics(d)) for d in demands}
-        models = {key: m.model() for key, m in info.items()}
         # Jobs share their eligible sets (the simulator's are one), so each set's node size is
         # worked out once per pass, not once per job over every node.
         typical: dict[frozenset[str], int] = {}
         for d in demands:
             if d.eligible not in typical:
                 typical[d.eligible] = _typical_node(d.eligible, free, self.devices)
-        baseline = {
-            d.key: self._baseline(d, models[d.key], fair[d.key], typical[d.eligible]) for d in demands
-        }
+
+        def model_and_baseline(demand: Demand) -> tuple[JobModel, float]:
+            model = info[demand.key].model()
+            return model, self._baseline(demand, model, fair[demand.key], typical[demand.eligible])
+
+        job = _per_job(model_and_baseline)
 
         def utility(demand: Demand, placement: Placement) -> float:
             if placement.workers <= 0:
                 return -NO_WORKERS_PENALTY
-            speedup = models[demand.key].goodput(placement) / baseline[demand.key]
+            model, baseline = job(demand)
+            speedup = model.goodput(placement) / baseline
             if placement.workers != len(demand.current_nodes):
                 speedup *= self._restart_factor(demand)
             return -1.0 / speedup if speedup > 0 else -NO_WORKERS_PENALTY
@@ -462,14 +481,18 @@ class QualityPolicy:
 
     def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]:
         info = {d.key: self.metrics.get(d.key, default_metrics(d)) for d in demands}
-        models = {key: m.model() for key, m in info.items()}
-        curves = {d.key: self._curve(d, info[d.key], models[d.key]) for d in demands}
+
+        def model_and_curve(demand: Demand) -> tuple[JobModel, LossCurve, float]:
+            model = info[demand.key].model()
+            return model, *self._curve(demand, info[demand.key], model)
+
+        job = _per_job(model_and_curve)
 
         def utility(demand: Demand, placement: Placement) -> float:
             if placement.workers <= 0:
                 return 0.0
-            curve, step = curves[demand.key]
-            return curve.normalised_reduction(step, self.horizon_s / models[demand.key].step_s(placement))
+            model, curve, step = job(demand)
+            return curve.normalised_reduction(step, self.horizon_s / model.step_s(placement))
 
         return _allocate(demands, SlicedPacking(free, self.devices), utility, _breakpoints(info))
 

@@ -95,6 +95,10 @@ class Simulation:
         # The rigid baselines run each job at its requested size; the elastic policies within [min, max].
         self.states = {j.name: JobState(j if policy in ELASTIC else j.rigid()) for j in jobs}
         self.arrived: dict[str, JobState] = {}  # arrived and unfinished, in arrival order
+        # The arrived jobs with workers, in arrival order, and the workers each job's rate was last
+        # worked out for: kept by `_changed`, which runs after every change of anyone's workers.
+        self.running: list[JobState] = []
+        self.rated: dict[str, list[str]] = {}
         self.nodes: dict[str, bool] = {}  # live node -> spot
         self.used: dict[str, int] = {}
         self.now = 0.0
@@ -179,18 +183,17 @@ class Simulation:
 
     def _next_completion(self) -> tuple[float, str | None]:
         best, name = math.inf, None
-        for state in self.arrived.values():
-            if state.workers:
-                at = state.finish_time(self.now)
-                if at < best:
-                    best, name = at, state.job.name
+        for state in self.running:
+            at = state.finish_time(self.now)
+            if at < best:
+                best, name = at, state.job.name
         return best, name
 
     def _advance(self, to: float) -> None:
         """Trains every running job up to `to` and integrates the utilisation."""
         if to <= self.now:
             return
-        for state in self.arrived.values():
+        for state in self.running:  # the others make no progress
             state.advance(self.now, to, self.config.checkpoint_s)
         dt = to - self.now
         self.busy_gpu_s += self.busy * dt
@@ -285,19 +288,32 @@ class Simulation:
         return True
 
     def _changed(self) -> None:
-        """Recomputes node usage, every running job's rate, and the utilisation after a change."""
-        self.used = dict.fromkeys(self.nodes, 0)
+        """Recomputes node usage, the running jobs' rates, and the utilisation after a change.
+
+        A job's rate depends only on its workers and on the usage of their nodes, so it is worked out
+        again only when either changed (the others' `measure` would repeat their last report, a
+        no-op): with thousands of jobs running, most changes touch a few of them."""
+        used = dict.fromkeys(self.nodes, 0)
+        running = []
         for state in self.arrived.values():
-            for node in state.workers:
-                self.used[node] += state.job.gpus_per_worker
-        for state in self.arrived.values():
-            self._rate(state)
+            if state.workers:
+                running.append(state)
+                for node in state.workers:
+                    used[node] += state.job.gpus_per_worker
+        moved = {node for node, gpus in used.items() if self.used.get(node) != gpus}
+        self.used = used
+        for state in self.running:
+            if not state.workers:
+                state.rate = 0.0
+                self.rated.pop(state.job.name, None)
+        self.running = running
+        for state in running:
+            if state.workers != self.rated.get(state.job.name) or not moved.isdisjoint(state.workers):
+                self._rate(state)
+                self.rated[state.job.name] = list(state.workers)
         self._account()
 
     def _rate(self, state: JobState) -> None:
-        if not state.workers:
-            state.rate = 0.0
-            return
         distinct = set(state.workers)
         share = max(max(1.0, self.used[n] / self.devices.physical) for n in distinct)
         types = {node_type(self.config.cluster, n) for n in distinct}
