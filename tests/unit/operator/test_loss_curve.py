@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Sequence
 
 import pytest
-from ebbflow_operator.loss_curve import LossCurve, fit_loss_curve
+from ebbflow_operator.loss_curve import LossCurve, _Points, _solve, fit_loss_curve
 
 TRUE = LossCurve(a=5.0, b=40.0, c=0.3)
 
 
-def sample(curve: LossCurve, steps: range, noise: float = 0.0, seed: int = 0) -> list[tuple[float, float]]:
+def sample(
+    curve: LossCurve, steps: Sequence[float], noise: float = 0.0, seed: int = 0
+) -> list[tuple[float, float]]:
     rnd = random.Random(seed)
     return [(float(k), curve.loss(k) * (1 + rnd.gauss(0, noise))) for k in steps]
 
@@ -87,3 +91,32 @@ def test_prior_and_reduction(step: float, more: float, expected: float) -> None:
     prior = LossCurve.prior()
     assert prior.loss(0) == 1.0
     assert prior.normalised_reduction(step, more) == pytest.approx(expected)
+
+
+def textbook_solve(
+    steps: list[float], losses: list[float], ws: list[float], b: float
+) -> tuple[float, float, float]:
+    """Weighted least squares of loss on 1/(k + b), written as comprehensions: `_solve`'s map chains
+    must give the very same floats, not merely close ones (the fit's search compares errors that
+    differ in their last bits, and the simulator's results must not move)."""
+    xs = [1.0 / (k + b) for k in steps]
+    sw = sum(ws)
+    mx = sum(w * x for w, x in zip(ws, xs, strict=True)) / sw
+    my = sum(w * y for w, y in zip(ws, losses, strict=True)) / sw
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs, strict=True))
+    sxy = sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, losses, strict=True))
+    a = max(0.0, sxy / sxx) if sxx > 0 else 0.0
+    c = my - a * mx
+    return a, c, sum(w * (a * x + c - y) ** 2 for w, x, y in zip(ws, xs, losses, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_least_squares_are_bit_for_bit_the_textbook_ones(seed: int) -> None:
+    rnd = random.Random(seed)
+    truth = LossCurve(a=rnd.uniform(0.1, 50.0), b=rnd.uniform(1.0, 5000.0), c=rnd.uniform(0.0, 2.0))
+    steps = sorted({0.0, *(rnd.uniform(0.0, 1e5) * rnd.random() for _ in range(rnd.randint(3, 40)))})
+    losses = [y for _, y in sample(truth, steps, noise=rnd.choice((0.0, 0.01)), seed=seed)]
+    ws = [0.5 ** ((steps[-1] - k) / max(1.0, steps[-1] / 2.0)) for k in steps]
+    reports = _Points.of(steps, losses, ws)
+    for b in (math.exp(rnd.uniform(0.0, 14.0)) for _ in range(50)):
+        assert _solve(reports, b) == textbook_solve(steps, losses, ws, b)

@@ -112,6 +112,44 @@ def test_restart_loses_work_to_the_checkpoint_elastic_only_the_pause() -> None:
     assert runs["restart"].finished_s > elastic.finished_s
 
 
+def rate_from_scratch(s: Simulation, state: JobState) -> float:
+    """A job's rate worked out from every arrived job's workers, as the engine's `_rate` defines it."""
+    if not state.workers:
+        return 0.0
+    used = dict.fromkeys(s.nodes, 0)
+    for other in s.arrived.values():
+        for node in other.workers:
+            used[node] += other.job.gpus_per_worker
+    distinct = set(state.workers)
+    share = max(max(1.0, used[n] / s.devices.physical) for n in distinct)
+    speed = min(node_type(s.config.cluster, n).speed for n in distinct)
+    return state.job.model().goodput(Placement(len(state.workers), len(distinct), share, speed))
+
+
+@pytest.mark.parametrize("policy", ["fair", "goodput", "restart"])
+def test_every_rate_is_current_after_every_change(policy: str) -> None:
+    """The engine re-rates only the jobs whose workers or nodes' usage changed; after every change
+    each arrived job's rate must equal one worked out from scratch. Time-sliced nodes (a neighbour
+    slows a job down), two GPU types and frequent spot preemptions exercise every way it changes."""
+
+    class Checked(Simulation):
+        checks = 0
+
+        def _changed(self) -> None:
+            super()._changed()
+            for state in self.arrived.values():
+                assert state.rate == rate_from_scratch(self, state), state.job.name
+                self.checks += 1
+
+    types = (GpuType("fast", 0.5, 1.0), GpuType("slow", 0.5, 0.5))
+    cluster = ClusterConfig(gpus=32, gpus_per_node=4, replicas=2, preempt_rate_per_hour=2.0, gpu_types=types)
+    jobs = generate(TraceConfig(jobs=30, gpus=32, load=3.0, median_duration_s=600.0), seed=5)
+    s = Checked(jobs, policy, SimConfig(cluster=cluster, seed=5))
+    s.run()
+    assert s.checks > 100
+    assert s.preemptions > 0
+
+
 def test_same_seed_same_json(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--jobs", "12", "--gpus", "32", "--seed", "3", "--spot-preempt-rate", "0.5", "--json"]
     cli.main(args)
