@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
+from collections import Counter
 from collections.abc import ItemsView, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -46,6 +47,7 @@ class NodeIndex:
     def __init__(self) -> None:
         self._class: dict[str, NodeClass] = {}
         self._groups: dict[NodeClass, list[str]] = {}
+        self._by_exclusive: Counter[int] = Counter()
 
     def put(self, node: str, cls: NodeClass) -> None:
         """Files `node` under `cls`, out of its old group."""
@@ -57,8 +59,14 @@ class NodeIndex:
             del group[bisect_left(group, node)]
             if not group:
                 del self._groups[old]
+            self._by_exclusive[old[1]] -= 1
         self._class[node] = cls
         insort(self._groups.setdefault(cls, []), node)
+        self._by_exclusive[cls[1]] += 1
+
+    def by_exclusive(self) -> Mapping[int, int]:
+        """How many nodes have each count of GPUs that would get a device of their own."""
+        return self._by_exclusive
 
     def class_of(self, node: str) -> NodeClass | None:
         return self._class.get(node)
@@ -84,6 +92,7 @@ class Packing:
         self._sticky: dict[JobKey, list[str]] = {}
         self._placed: dict[JobKey, list[str]] = {}
         self._index = NodeIndex()
+        self.version = 0  # changes whenever a worker is placed or withdrawn
         for node in self.free:  # a subclass sets what its `_class_of` reads before this runs
             self._index.put(node, self._class_of(node))
 
@@ -96,6 +105,7 @@ class Packing:
         """`gpus` fewer free on `node` (negative: given back); keeps the index current."""
         self.free[node] -= gpus
         self._index.put(node, self._class_of(node))
+        self.version += 1
 
     def count(self, key: JobKey) -> int:
         return len(self._placed.get(key, ()))

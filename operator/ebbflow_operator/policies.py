@@ -214,14 +214,14 @@ class SlicedPacking(Packing):
                 w for w in (self._exclusive(n) // need for n in demand.eligible if n not in mine) if w > 0
             ]
             return room, max(spare, default=1), len(spare)
-        # Every node is eligible: count by class, less the job's own nodes.
-        workers: Counter[int] = Counter()
-        for (_, exclusive, _, _), names in self._index.groups():
-            workers[exclusive // need] += len(names)
-        for node in mine:
-            workers[self._exclusive(node) // need] -= 1
-        fitting = {w: n for w, n in workers.items() if w > 0 and n > 0}
-        return room, max(fitting, default=1), sum(fitting.values())
+        # Every node is eligible: count from the index's tally, less the job's own nodes.
+        own = Counter(self._exclusive(n) for n in mine) if mine else {}
+        per_node, fresh = 1, 0
+        for exclusive, nodes in self._index.by_exclusive().items():
+            others = nodes - own.get(exclusive, 0)
+            if exclusive >= need and others > 0:
+                per_node, fresh = max(per_node, exclusive // need), fresh + others
+        return room, per_node, fresh
 
     def _covers(self, eligible: frozenset[str]) -> bool:
         """`eligible` holds every node of the packing (frozensets cache their hash: O(1) after the
@@ -319,27 +319,33 @@ def _best_step(
 
 
 def _grow(jobs: Sequence[Demand], packing: SlicedPacking, utility: Utility, breakpoints: Breakpoints) -> None:
-    """Lazy greedy: pop the largest (possibly stale) gain, recompute, place if it still leads."""
-    heap: list[tuple[float, float, JobKey, int, Demand]] = []
+    """Lazy greedy: pop the largest (possibly stale) gain, recompute, place if it still leads.
+
+    A step is a function of the packing, so one worked out at the packing's current `version` (no
+    worker placed since: typically a job popped again right after it grew) is not worked out again.
+    """
+    heap: list[tuple[float, float, JobKey, int, int, Demand]] = []  # (-gain, ..., add, version, job)
     for d in jobs:
         gain, add = _best_step(d, packing, utility, breakpoints)
         if add and gain > 0:
-            heap.append((-gain, d.created, d.key, add, d))
+            heap.append((-gain, d.created, d.key, add, packing.version, d))
     heapq.heapify(heap)
     while heap:
-        _, created, key, _, demand = heapq.heappop(heap)
-        gain, add = _best_step(demand, packing, utility, breakpoints)
+        loss, created, key, add, version, demand = heapq.heappop(heap)
+        gain = -loss
+        if version != packing.version:
+            gain, add = _best_step(demand, packing, utility, breakpoints)
         if not add or gain <= 0:
             continue
         if heap and -heap[0][0] > gain + 1e-12:  # stale: someone else leads now
-            heapq.heappush(heap, (-gain, created, key, add, demand))
+            heapq.heappush(heap, (-gain, created, key, add, packing.version, demand))
             continue
         for _ in range(add):
             if not packing.place(demand):
                 break
         gain, add = _best_step(demand, packing, utility, breakpoints)
         if add and gain > 0:
-            heapq.heappush(heap, (-gain, created, key, add, demand))
+            heapq.heappush(heap, (-gain, created, key, add, packing.version, demand))
 
 
 def _memoised(utility: Utility) -> Utility:

@@ -16,7 +16,6 @@ Both serve waiting jobs by priority then arrival, skipping (backfilling past) th
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 from .. import policies
 from ..allocator import Demand, Packing, Policy
@@ -54,7 +53,7 @@ def metrics(state: JobState, rescale_pause_s: float, speeds: Mapping[str, float]
     return JobMetrics(
         global_batch=state.job.global_batch,
         virtual_nodes=state.job.virtual_nodes,
-        measurements=tuple(replace(m, speed=speeds.get(m.gpu_type, 1.0)) for m in state.shapes.values()),
+        measurements=state.reported(speeds),
         rescale_pause_s=rescale_pause_s,
         rescales=state.rescales,
         losses=tuple(state.losses),

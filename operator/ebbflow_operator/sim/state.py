@@ -10,7 +10,8 @@ milestones (so the history is short and starts at step 0, as the loss fit needs)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from ..throughput import Measurement, Placement, slowdown, step_shape
 from .trace import SimJob
@@ -37,6 +38,7 @@ class JobState:
     shapes: dict[tuple[int, int, float, str], Measurement] = field(default_factory=dict)
     losses: list[tuple[float, float]] = field(default_factory=list)
     next_report: float = 0.0
+    _reported: tuple[object, tuple[Measurement, ...]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def steps(self) -> float:
@@ -90,6 +92,18 @@ class JobState:
         """A graceful stop (SIGTERM): the trainers write a checkpoint before they exit."""
         self.checkpoint = self.progress
         self.active_since_checkpoint = 0.0
+
+    def reported(self, speeds: Mapping[str, float]) -> tuple[Measurement, ...]:
+        """The measurements, each carrying its GPU type's learned speed, as `History.metrics` gives
+        them to the policies. Every pass asks for every job's; they are remembered until a shape or
+        a speed changes (a measurement of a shape never changes)."""
+        key = (tuple(self.shapes), tuple(speeds.get(gpu_type, 1.0) for *_, gpu_type in self.shapes))
+        if self._reported is None or self._reported[0] != key:
+            measured = tuple(
+                replace(m, speed=speed) for m, speed in zip(self.shapes.values(), key[1], strict=True)
+            )
+            self._reported = key, measured
+        return self._reported[1]
 
     def measure(self, placement: Placement, step_s: float, gpu_type: str = "") -> None:
         """Records what the trainers report at this placement (the true model, no noise), on GPUs of
