@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -208,14 +207,17 @@ class SlicedPacking(Packing):
         holds exclusively, how many other eligible nodes could take at least one that way)."""
         need = max(1, demand.gpus_per_worker)
         mine = self._nodes.get(demand.key, set())
-        room = sum(self._exclusive(n) // need for n in mine)
+        own: dict[int, int] = {}  # the job's nodes by exclusive GPUs
+        for node in mine:
+            exclusive = self._exclusive(node)
+            own[exclusive] = own.get(exclusive, 0) + 1
+        room = sum(exclusive // need * nodes for exclusive, nodes in own.items())
         if not self._covers(demand.eligible):
             spare = [
                 w for w in (self._exclusive(n) // need for n in demand.eligible if n not in mine) if w > 0
             ]
             return room, max(spare, default=1), len(spare)
         # Every node is eligible: count from the index's tally, less the job's own nodes.
-        own = Counter(self._exclusive(n) for n in mine) if mine else {}
         per_node, fresh = 1, 0
         for exclusive, nodes in self._index.by_exclusive().items():
             others = nodes - own.get(exclusive, 0)

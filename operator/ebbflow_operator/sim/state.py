@@ -10,6 +10,7 @@ milestones (so the history is short and starts at step 0, as the loss fit needs)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -51,29 +52,39 @@ class JobState:
     def normalised_loss(self) -> float:
         return self.job.loss.loss(self.steps)
 
+    # `finish_time` and `advance` run for every running job at every event (millions of calls in a
+    # 10,000-job simulation), so they spell out max/min as comparisons: the same choices (the first
+    # argument on ties) without the builtins' call overhead.
+
     def finish_time(self, now: float) -> float:
         """When the job completes at its current rate (inf when it is not running)."""
         if self.rate <= 0 or not self.workers:
-            return float("inf")
-        return max(now, self.paused_until) + max(0.0, self.job.work_samples - self.progress) / self.rate
+            return math.inf
+        left = self.job.work_samples - self.progress
+        return (self.paused_until if self.paused_until > now else now) + (
+            left if left > 0.0 else 0.0
+        ) / self.rate
 
     def advance(self, start: float, end: float, checkpoint_s: float) -> None:
         """Trains from `start` to `end` (skipping the paused part), checkpointing on schedule."""
-        begin = max(start, self.paused_until)
+        begin = self.paused_until if self.paused_until > start else start
         if self.rate <= 0 or not self.workers or end <= begin:
             return
         active = end - begin
         total = self.active_since_checkpoint + active
+        work = self.job.work_samples
         if checkpoint_s > 0 and total >= checkpoint_s:
             taken = int(total // checkpoint_s)
             first = checkpoint_s - self.active_since_checkpoint
             done_at = self.progress + self.rate * (first + checkpoint_s * (taken - 1))
-            self.checkpoint = min(self.job.work_samples, done_at)
+            self.checkpoint = min(work, done_at)
             self.active_since_checkpoint = total - taken * checkpoint_s
         else:
             self.active_since_checkpoint = total
-        self.progress = min(self.job.work_samples, self.progress + self.rate * active)
-        self.report_loss()
+        progress = self.progress + self.rate * active
+        self.progress = progress if progress < work else work
+        if self.progress / self.job.global_batch >= self.next_report:
+            self.report_loss()
 
     def report_loss(self) -> None:
         if self.steps >= self.next_report:
