@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from operator import add, mul, sub, truediv
+from operator import mul, sub
 
 PRIOR_B = 100.0  # steps to halve the loss of a job with no reports (early on a 1/k curve)
 
@@ -86,37 +86,48 @@ class _Points:
 def _solve(points: _Points, b: float) -> tuple[float, float, float]:
     """(a, c, weighted squared error) for a fixed b; a clamped at 0 (a flat curve).
 
-    Weighted least squares of loss on x = 1/(k + b): mx, sxx, sxy, then the error of the line. A fit
-    solves this 86 times, and the quality policy refits every job at each new loss report (over 100,000
-    fits in a 10,000-job simulation), so the sums run as chains of `map` over operators, element by
-    element in the textbook formula's order: the same floats as the comprehensions they replace.
+    Weighted least squares of loss on x = 1/(k + b). A fit solves this up to 86 times and the
+    quality policy refits a job at each new loss report (hundreds of thousands of fits in a
+    10,000-job simulation), so what does not depend on b comes from `_Points` and the sums run over
+    plain lists, term by term in the textbook formula's order: the same floats as before, faster.
     """
-    w = points.weights
-    xs = list(map(truediv, repeat(1.0), map(add, points.steps, repeat(b))))
+    w, losses = points.weights, points.losses
+    xs = [1.0 / (k + b) for k in points.steps]
     mx = sum(map(mul, w, xs)) / points.total_weight
-    dx = list(map(sub, xs, repeat(mx)))
-    sxx = sum(map(mul, w, map(pow, dx, repeat(2))))  # w * (x - mx) ** 2
-    sxy = sum(map(mul, map(mul, w, dx), points.loss_offsets))  # w * (x - mx) * (y - my)
+    dx = [x - mx for x in xs]
+    sxx = sum([v * d**2 for v, d in zip(w, dx, strict=True)])
+    sxy = sum([v * d * e for v, d, e in zip(w, dx, points.loss_offsets, strict=True)])
     a = max(0.0, sxy / sxx) if sxx > 0 else 0.0
     c = points.mean_loss - a * mx
-    residuals = map(sub, map(add, map(mul, repeat(a), xs), repeat(c)), points.losses)  # a * x + c - y
-    error = sum(map(mul, w, map(pow, residuals, repeat(2))))
+    error = sum([v * (a * x + c - y) ** 2 for v, x, y in zip(w, xs, losses, strict=True)])
     return a, c, error
 
 
 def _best_b(points: _Points) -> float:
-    """Coarse log grid over b (1 step .. 10x the span), then golden-section refinement in log b."""
+    """Coarse log grid over b (1 step .. 10x the span), then golden-section refinement in log b.
+
+    The search asks for the same b again (a quarter of its solves on simulated jobs' reports: the
+    golden-section points it reuses, when their arithmetic lands on the same float), so each b's
+    error is remembered for the fit."""
+    solved: dict[float, float] = {}
+
+    def error(log_b: float) -> float:
+        b = math.exp(log_b)
+        if b not in solved:
+            solved[b] = _solve(points, b)[2]
+        return solved[b]
+
     steps = points.steps
     span = max(steps) - min(steps)
     lo, hi = 0.0, math.log(10.0 * span + 10.0 + max(steps))
     grid = [lo + (hi - lo) * i / 24 for i in range(25)]
-    errors = [_solve(points, math.exp(g))[2] for g in grid]
+    errors = [error(g) for g in grid]
     best = min(range(len(grid)), key=lambda i: errors[i])
     a, b = grid[max(0, best - 1)], grid[min(len(grid) - 1, best + 1)]
     ratio = (math.sqrt(5.0) - 1.0) / 2.0
     for _ in range(30):
         c, d = b - ratio * (b - a), a + ratio * (b - a)
-        if _solve(points, math.exp(c))[2] <= _solve(points, math.exp(d))[2]:
+        if error(c) <= error(d):
             b = d
         else:
             a = c
