@@ -61,7 +61,11 @@ class NodeIndex:
                 del self._groups[old]
             self._by_exclusive[old[1]] -= 1
         self._class[node] = cls
-        insort(self._groups.setdefault(cls, []), node)
+        members = self._groups.get(cls)
+        if members is None:
+            self._groups[cls] = [node]
+        else:
+            insort(members, node)
         self._by_exclusive[cls[1]] += 1
 
     def by_exclusive(self) -> Mapping[int, int]:

@@ -218,8 +218,9 @@ class Simulation:
         """Trains every running job up to `to` and integrates the utilisation."""
         if to <= self.now:
             return
+        now, checkpoint_s = self.now, self.config.checkpoint_s  # once, not per job and event
         for state in self.running:  # the others make no progress
-            state.advance(self.now, to, self.config.checkpoint_s)
+            state.advance(now, to, checkpoint_s)
         dt = to - self.now
         self.busy_gpu_s += self.busy * dt
         self.capacity_gpu_s += len(self.nodes) * self.devices.physical * dt
@@ -323,8 +324,9 @@ class Simulation:
         for state in self.arrived.values():
             if state.workers:
                 running.append(state)
+                gpus = state.job.gpus_per_worker
                 for node in state.workers:
-                    used[node] += state.job.gpus_per_worker
+                    used[node] += gpus
         moved = {node for node, gpus in used.items() if self.used.get(node) != gpus}
         self.used = used
         for state in self.running:
