@@ -137,7 +137,7 @@ class SlicedPacking(Packing):
         free = self.free[node]
         if dev is None:
             return free, free, False, 1.0
-        return free, max(0, min(free, dev.physical - self._used(node))), dev.spot, dev.speed
+        return free, max(0, min(free, dev.physical - (dev.replicas - free))), dev.spot, dev.speed
 
     def _used(self, node: str) -> int:
         dev = self.devices.get(node)
@@ -281,13 +281,14 @@ def _current_placement(demand: Demand, packing: SlicedPacking) -> Placement:
 
 
 def _jumps(
-    demand: Demand, packing: SlicedPacking, count: int, breakpoints: Iterable[int]
+    demand: Demand, packing: SlicedPacking, here: Placement, breakpoints: Iterable[int]
 ) -> dict[int, Placement]:
-    """Sizes worth more than one step, with projected placements: the breakpoints, the room left on
-    the job's nodes plus none, one or two whole new nodes (sync cost jumps when a job first spans
-    nodes), all on exclusive devices; and straight back to the current size."""
+    """Sizes worth more than one step from the job's placement `here`, with projected placements: the
+    breakpoints, the room left on the job's nodes plus none, one or two whole new nodes (sync cost
+    jumps when a job first spans nodes), all on exclusive devices; and straight back to the current
+    size."""
     room, per_node, spare = packing.room(demand)
-    here = packing.placement(demand)
+    count = here.workers
     sizes = {count + room + extra * per_node for extra in range(min(2, spare) + 1)} | set(breakpoints)
     jumps: dict[int, Placement] = {}
     for size in sizes:
@@ -311,10 +312,11 @@ def _best_step(
     node = packing.peek(demand)
     if node is None:
         return 0.0, 0
-    now = utility(demand, packing.placement(demand))
+    here = packing.placement(demand)
+    now = utility(demand, here)
     gpus = max(1, demand.gpus_per_worker)
     best = ((utility(demand, packing.placement(demand, node)) - now) / gpus, 1)
-    for size, placement in _jumps(demand, packing, count, breakpoints(demand, count)).items():
+    for size, placement in _jumps(demand, packing, here, breakpoints(demand, count)).items():
         jump = (utility(demand, placement) - now) / (gpus * (size - count))
         best = max(best, (jump, size - count))
     return best
@@ -354,10 +356,11 @@ def _memoised(utility: Utility) -> Utility:
     """`utility`, evaluated once per (job, placement) in a pass: the greedy re-ranks a job after
     every placement anywhere and mostly asks for placements it has asked for before. Sound because
     within one pass a job's utility depends only on its placement."""
-    seen: dict[tuple[JobKey, Placement], float] = {}
+    seen: dict[tuple[JobKey, int, int, float, float], float] = {}
 
     def cached(demand: Demand, placement: Placement) -> float:
-        key = (demand.key, placement)
+        # A flat key: hashing it calls no Python-level `Placement.__hash__`.
+        key = (demand.key, placement.workers, placement.nodes, placement.share, placement.speed)
         value = seen.get(key)
         if value is None:
             value = seen[key] = utility(demand, placement)
