@@ -125,7 +125,7 @@ class Packing:
         if need <= 0:
             placed.append("")
             return True
-        sticky = self._sticky.setdefault(demand.key, list(demand.current_nodes))
+        sticky = self._sticky_nodes(demand)
         while sticky:
             node = sticky.pop(0)
             if node in demand.eligible and self.free.get(node, 0) >= need:
@@ -138,6 +138,14 @@ class Packing:
         self._take(best, need)
         placed.append(best)
         return True
+
+    def _sticky_nodes(self, demand: Demand) -> list[str]:
+        """The job's running nodes not yet given back a worker (copied on first use only: a
+        `setdefault` would copy them at every placement)."""
+        sticky = self._sticky.get(demand.key)
+        if sticky is None:
+            sticky = self._sticky[demand.key] = list(demand.current_nodes)
+        return sticky
 
     def _best_fit(self, need: int, eligible: frozenset[str]) -> str | None:
         """The eligible node with the fewest free GPUs that still holds `need` (best fit keeps big

@@ -154,7 +154,7 @@ class SlicedPacking(Packing):
         if need <= 0:
             return ""
         eligible = demand.eligible
-        for node in self._sticky.get(demand.key, list(demand.current_nodes)):
+        for node in self._sticky.get(demand.key, demand.current_nodes):
             if node in eligible and self.free.get(node, 0) >= need:
                 return node
         placed = self._placed.get(demand.key, ())
@@ -189,8 +189,8 @@ class SlicedPacking(Packing):
             return False
         placed = self._placed.setdefault(demand.key, [])
         if node:
-            sticky = self._sticky.setdefault(demand.key, list(demand.current_nodes))
-            self._sticky[demand.key] = sticky[sticky.index(node) + 1 :] if node in sticky else []
+            sticky = self._sticky_nodes(demand)
+            del sticky[: sticky.index(node) + 1 if node in sticky else len(sticky)]
             self._take(node, demand.gpus_per_worker)
             self._nodes.setdefault(demand.key, set()).add(node)
             self._slowest[demand.key] = min(self._slowest.get(demand.key, math.inf), self._speed(node))
