@@ -314,31 +314,35 @@ class Simulation:
         return True
 
     def _changed(self) -> None:
-        """Recomputes node usage, the running jobs' rates, and the utilisation after a change.
+        """Brings node usage, the running jobs' rates and the utilisation up to date after a change.
 
-        A job's rate depends only on its workers and on the usage of their nodes, so it is worked out
-        again only when either changed (the others' `measure` would repeat their last report, a
-        no-op): with thousands of jobs running, most changes touch a few of them."""
-        used = dict.fromkeys(self.nodes, 0)
-        running = []
-        for state in self.arrived.values():
-            if state.workers:
-                running.append(state)
-                gpus = state.job.gpus_per_worker
-                for node in state.workers:
-                    used[node] += gpus
-        moved = {node for node, gpus in used.items() if self.used.get(node) != gpus}
-        self.used = used
-        for state in self.running:
-            if not state.workers:
-                state.rate = 0.0
-                self.rated.pop(state.job.name, None)
-                self.finish_version.pop(state.job.name, None)
+        `rated` holds the workers each running job was last rated on, which are the ones `used`
+        counts: only the jobs whose workers differ from them (or that stopped) move the usage, and a
+        job's rate depends only on its workers and their nodes' usage, so only those jobs and the
+        ones sharing a node with them are rated again (re-rating another would repeat its rate and
+        its last report). With thousands of jobs running, a change touches a few."""
+        used, rated = self.used, self.rated
+        running = [state for state in self.arrived.values() if state.workers]
+        stopped = [state for state in self.running if not state.workers]
+        moved: set[str] = set()
+        for state in stopped + [s for s in running if s.workers != rated.get(s.job.name)]:
+            gpus = state.job.gpus_per_worker
+            for node in rated.get(state.job.name, ()):
+                if node in used:  # not a node that has just gone
+                    used[node] -= gpus
+                    moved.add(node)
+            for node in state.workers:
+                used[node] += gpus
+                moved.add(node)
+        for state in stopped:
+            state.rate = 0.0
+            rated.pop(state.job.name, None)
+            self.finish_version.pop(state.job.name, None)
         self.running = running
         for state in running:
-            if state.workers != self.rated.get(state.job.name) or not moved.isdisjoint(state.workers):
+            if state.workers != rated.get(state.job.name) or not moved.isdisjoint(state.workers):
                 self._rate(state)
-                self.rated[state.job.name] = list(state.workers)
+                rated[state.job.name] = list(state.workers)
                 self._expect(state)
         self._account()
 

@@ -112,14 +112,19 @@ def test_restart_loses_work_to_the_checkpoint_elastic_only_the_pause() -> None:
     assert runs["restart"].finished_s > elastic.finished_s
 
 
-def rate_from_scratch(s: Simulation, state: JobState) -> float:
-    """A job's rate worked out from every arrived job's workers, as the engine's `_rate` defines it."""
-    if not state.workers:
-        return 0.0
+def used_from_scratch(s: Simulation) -> dict[str, int]:
     used = dict.fromkeys(s.nodes, 0)
     for other in s.arrived.values():
         for node in other.workers:
             used[node] += other.job.gpus_per_worker
+    return used
+
+
+def rate_from_scratch(s: Simulation, state: JobState) -> float:
+    """A job's rate worked out from every arrived job's workers, as the engine's `_rate` defines it."""
+    if not state.workers:
+        return 0.0
+    used = used_from_scratch(s)
     distinct = set(state.workers)
     share = max(max(1.0, used[n] / s.devices.physical) for n in distinct)
     speed = min(node_type(s.config.cluster, n).speed for n in distinct)
@@ -128,8 +133,9 @@ def rate_from_scratch(s: Simulation, state: JobState) -> float:
 
 @pytest.mark.parametrize("policy", ["fair", "goodput", "restart"])
 def test_every_rate_is_current_after_every_change(policy: str) -> None:
-    """The engine re-rates only the jobs whose workers or nodes' usage changed; after every change
-    each arrived job's rate must equal one worked out from scratch. Time-sliced nodes (a neighbour
+    """The engine keeps node usage incrementally and re-rates only the jobs whose workers or nodes'
+    usage changed; after every change the usage and each arrived job's rate must equal ones worked
+    out from scratch. Time-sliced nodes (a neighbour
     slows a job down), two GPU types and frequent spot preemptions exercise every way it changes."""
 
     class Checked(Simulation):
@@ -137,6 +143,7 @@ def test_every_rate_is_current_after_every_change(policy: str) -> None:
 
         def _changed(self) -> None:
             super()._changed()
+            assert self.used == used_from_scratch(self)
             for state in self.arrived.values():
                 assert state.rate == rate_from_scratch(self, state), state.job.name
                 self.checks += 1
