@@ -82,6 +82,11 @@ class JobMetrics:
         return max((k for k, _ in self.losses), default=0.0)
 
 
+def _metrics_of(demands: Sequence[Demand], metrics: Mapping[JobKey, JobMetrics]) -> dict[JobKey, JobMetrics]:
+    """Each job's metrics, the defaults built only for the jobs that reported none."""
+    return {d.key: m if (m := metrics.get(d.key)) is not None else default_metrics(d) for d in demands}
+
+
 def default_metrics(demand: Demand) -> JobMetrics:
     """A job that reported nothing: one virtual node per possible worker, prior models."""
     virtual = max(1, demand.max, demand.min)
@@ -427,7 +432,7 @@ class GoodputPolicy:
 
     def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]:
         fair = PriorityFairShare().allocate(demands, free)
-        info = {d.key: self.metrics.get(d.key, default_metrics(d)) for d in demands}
+        info = _metrics_of(demands, self.metrics)
         # Jobs share their eligible sets (the simulator's are one), so each set's node size is
         # worked out once per pass, not once per job over every node.
         typical: dict[frozenset[str], int] = {}
@@ -491,7 +496,7 @@ class QualityPolicy:
     name: str = field(default="quality")
 
     def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]:
-        info = {d.key: self.metrics.get(d.key, default_metrics(d)) for d in demands}
+        info = _metrics_of(demands, self.metrics)
 
         def model_and_curve(demand: Demand) -> tuple[JobModel, LossCurve, float]:
             model = info[demand.key].model()
