@@ -77,6 +77,7 @@ def measure(workers: int, micro_batch: int, steps: int) -> Measurement:
         accum_steps=len(kept[-1]["vnodes"]) - 1,
         share=max(1.0, workers / (os.cpu_count() or 1)),
         gpu_type=GPU_TYPE,
+        virtual_nodes=VIRTUAL_NODES,
     )
 
 
@@ -84,10 +85,10 @@ def write_csv(path: Path, measured: list[Measurement]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow([*MEASUREMENT_COLUMNS, "share"])
+        writer.writerow([*MEASUREMENT_COLUMNS, "share", "virtual_nodes"])
         for m in measured:
             shape: list[Any] = [m.gpu_type, m.workers, m.nodes, m.micro_batch, m.accum_steps]
-            writer.writerow([*shape, m.step_s, m.compute_s, m.share])
+            writer.writerow([*shape, m.step_s, m.compute_s, m.share, m.virtual_nodes])
 
 
 def main() -> None:
