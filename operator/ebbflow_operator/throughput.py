@@ -92,6 +92,7 @@ class Measurement:
 
     @property
     def tail(self) -> float:
+        """The fraction of workers as busy as the slowest (`slowdown`'s tail)."""
         return busiest_fraction(self.virtual_nodes, self.workers)
 
 
@@ -144,8 +145,8 @@ class ThroughputParams:
 
 def slowdown(share: float, batches: int = 1, tail: float = 1.0) -> float:
     """How much slower the slowest worker's micro-batches run when `share` workers share each
-    physical GPU, it has `batches` of them, and a fraction `tail` of its node's workers as many
-    (the others one fewer: once they finish, the rest share the devices among fewer).
+    physical GPU, it has `batches` of them, and a fraction `tail` of its node's workers have as
+    many (the others one fewer: once they finish, the rest share the devices among fewer).
 
     Processor sharing with each worker on one device at most: (batches - 1) micro-batches at the
     full share, then the last at max(1, tail x share), per micro-batch. Even split (tail 1): share.
