@@ -35,7 +35,7 @@ known speed is normalised back to the reference before fitting (sync is taken to
 Fitting (`fit`) is plain Python (numpy is not an operator dependency): the compute line by
 linear least squares on the measured compute seconds, each divided by its time-slicing and
 contention factors, with the contention found by golden-section search for the least squared error
-in compute seconds; the overhead as the mean of single-worker steps' time beyond their compute;
+in compute seconds; the overhead as the least single-worker step time beyond its compute;
 then, for each gamma on a coarse log grid refined by golden-section search, the per-measurement
 sync time implied by the model is fitted with one line per placement class, and the gamma with the
 least squared error in *step time* wins. Classes without measurements keep the prior's line. Every
@@ -275,8 +275,9 @@ def _fit_compute(data: Sequence[Measurement], base: ThroughputParams) -> Through
 
 
 def _fit_overhead(data: Sequence[Measurement], base: ThroughputParams) -> float:
-    """Mean step time beyond compute of single-worker steps (no sync to hide it in); the prior's
-    without any."""
+    """Least step time beyond compute among single-worker steps (no sync to hide it in): noise
+    only ever adds time, and one slow measurement must not be paid on every prediction. The
+    prior's without any."""
     alone = [m for m in data if m.workers == 1]
     if not alone:
         return base.overhead
@@ -285,7 +286,7 @@ def _fit_overhead(data: Sequence[Measurement], base: ThroughputParams) -> float:
         - (m.accum_steps + 1) * base.slowed_compute_s(m.placement, m.micro_batch, m.accum_steps, m.tail)
         for m in alone
     ]
-    return max(0.0, sum(beyond) / len(beyond))
+    return max(0.0, min(beyond))
 
 
 def _implied_sync(m: Measurement, compute: float, overhead: float, gamma: float) -> float:

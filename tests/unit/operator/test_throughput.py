@@ -189,6 +189,12 @@ def test_fit_recovers_contention_and_overhead() -> None:
         assert getattr(fitted, name) == pytest.approx(getattr(CPU, name), rel=0.02), name
 
 
+def test_one_slow_single_worker_step_does_not_raise_the_overhead() -> None:
+    shots = crowded(CPU)
+    shots[1] = replace(shots[1], step_s=shots[1].step_s * 2)  # 1x16 measured under load
+    assert fit(shots).overhead == pytest.approx(CPU.overhead, rel=0.02)
+
+
 def test_no_contention_is_fitted_where_compute_does_not_slow() -> None:
     fitted = fit(crowded(TRUE))
     assert fitted.contention == 0.0
