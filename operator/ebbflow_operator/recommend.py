@@ -67,10 +67,13 @@ class Model:
     def reference(self) -> str:
         return next((t for t, speed in self.speeds.items() if speed == 1.0), "")
 
-    def step_s(self, gpu_type: str, speed: float, placement: Placement, micro: float, accum: int) -> float:
-        """Predicted step seconds on `gpu_type` (`speed` when it was never measured)."""
+    def step_s(
+        self, gpu_type: str, speed: float, placement: Placement, micro: float, accum: int, tail: float = 1.0
+    ) -> float:
+        """Predicted step seconds on `gpu_type` (`speed` when it was never measured); `tail` as in
+        `throughput.slowdown`."""
         placed = replace(placement, speed=self.speeds.get(gpu_type, speed))
-        return self.params.step_s(placed, micro, accum)
+        return self.params.step_s(placed, micro, accum, tail)
 
 
 def fit_model(measurements: Sequence[Measurement]) -> Model:
@@ -123,6 +126,6 @@ def held_out_errors(measurements: Sequence[Measurement]) -> list[float]:
             continue
         model = fit_model(rest)
         placement = Placement(held.workers, held.nodes, held.share)
-        predicted = model.step_s(held.gpu_type, 1.0, placement, held.micro_batch, held.accum_steps)
+        predicted = model.step_s(held.gpu_type, 1.0, placement, held.micro_batch, held.accum_steps, held.tail)
         errors.append(abs(predicted - held.step_s) / held.step_s)
     return errors

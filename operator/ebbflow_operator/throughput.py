@@ -16,17 +16,31 @@ Time-slicing: a placement's `share` (>= 1) is how many workers share each physic
 job's most contended node; compute runs `share` times slower there, plus TIME_SLICE_OVERHEAD for
 the context switches (an assumed constant), and synchronous training waits for the slowest
 worker, so T_acc is multiplied by `slowdown(share)`. Exclusive devices are therefore preferred.
+When V/K is not whole, the workers holding one virtual node fewer finish first and leave their
+device to the slowest ones (processor sharing, `slowdown(share, batches, tail)`); callers that know
+only the device's share (other jobs' workers on it) keep the even split (tail 1).
+
+Contention: workers busy on one node also slow each other's compute when each has its own device
+(shared CPU, memory bandwidth, PCIe, the collective's threads): T_acc is multiplied by
+1 + contention x (busy devices on the node - 1), with `contention` fitted from compute measured at
+different numbers of workers per node (0 until such measurements exist).
+
+Per-step overhead: `overhead` seconds (optimiser update, bookkeeping) added once per step, fitted
+from single-worker steps (where no sync hides it); without them the sync line absorbs it.
 
 GPU types: a placement's `speed` is the relative compute speed of the slowest GPU type among the
 job's nodes (1 for the reference type); T_acc is divided by it. A measurement taken on a type of
 known speed is normalised back to the reference before fitting (sync is taken to be type-free).
 
 Fitting (`fit`) is plain Python (numpy is not an operator dependency): the compute line by
-weighted linear least squares on the measured compute seconds; then, for each gamma on a coarse
-log grid refined by golden-section search, the per-measurement sync time implied by the model is
-fitted with one line per placement class, and the gamma with the least squared error in *step
-time* wins. Classes without measurements keep the prior's line. Every fitted value is >= 0, so
-predictions are positive and T_iter never falls when K or m grows past the sync's start.
+linear least squares on the measured compute seconds, each divided by its time-slicing and
+contention factors, with the contention found by golden-section search for the least squared error
+in compute seconds; the overhead as the least single-worker step time beyond its compute;
+then, for each gamma on a coarse log grid refined by golden-section search, the per-measurement
+sync time implied by the model is fitted with one line per placement class, and the gamma with the
+least squared error in *step time* wins. Classes without measurements keep the prior's line. Every
+fitted value is >= 0, so predictions are positive and T_iter never falls when K or m grows past the
+sync's start.
 
 Goodput = throughput x statistical efficiency E(M) = (phi + M0) / (phi + M) (phi: gradient noise
 scale, M0: the batch the job was tuned for). With the batch fixed (M == M0), E == 1.
@@ -44,6 +58,7 @@ from functools import lru_cache
 GAMMA_MIN = 1.0
 GAMMA_MAX = 10.0
 TIME_SLICE_OVERHEAD = 0.1  # a time-sliced device does 10% less work than its share (context switches)
+CONTENTION_MAX = 1.0  # the most one more busy device on a node may slow compute (fit's search range)
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,16 @@ class Measurement:
     share: float = 1.0  # time-slicing share the workers ran under
     gpu_type: str = ""  # the GPU product the workers ran on ("" unknown or mixed)
     speed: float = 1.0  # that type's relative compute speed (set when the speeds are known)
+    virtual_nodes: int = 0  # V of the job (0 unknown: the workers' split is taken to be even)
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.workers, self.nodes, self.share, self.speed)
+
+    @property
+    def tail(self) -> float:
+        """The fraction of workers as busy as the slowest (`slowdown`'s tail)."""
+        return busiest_fraction(self.virtual_nodes, self.workers)
 
 
 @dataclass(frozen=True)
@@ -82,6 +107,8 @@ class ThroughputParams:
     alpha_net: float
     beta_net: float
     gamma: float
+    contention: float = 0.0  # compute slowdown per extra busy device on a node
+    overhead: float = 0.0  # seconds per step outside compute and sync
 
     @classmethod
     def prior(cls) -> ThroughputParams:
@@ -101,15 +128,50 @@ class ThroughputParams:
             return self.alpha_local + self.beta_local * (placement.workers - 2)
         return self.alpha_net + self.beta_net * (placement.workers - 2)
 
-    def step_s(self, placement: Placement, micro_batch: float, accum_steps: int) -> float:
-        """Predicted seconds per optimiser step (T_iter)."""
-        compute = self.compute_s(micro_batch) * slowdown(placement.share) / max(placement.speed, 1e-9)
-        return accum_steps * compute + _overlap(compute, self.sync_s(placement), self.gamma)
+    def slowed_compute_s(
+        self, placement: Placement, micro_batch: float, accum_steps: int, tail: float = 1.0
+    ) -> float:
+        """The slowest worker's seconds per micro-batch at this placement (time-slicing, contention,
+        GPU speed)."""
+        shared = slowdown(placement.share, accum_steps + 1, tail)
+        crowd = 1.0 + self.contention * (busy_devices(placement) - 1.0)
+        return self.compute_s(micro_batch) * shared * crowd / max(placement.speed, 1e-9)
+
+    def step_s(self, placement: Placement, micro_batch: float, accum_steps: int, tail: float = 1.0) -> float:
+        """Predicted seconds per optimiser step (T_iter); `tail` as in `slowdown`."""
+        compute = self.slowed_compute_s(placement, micro_batch, accum_steps, tail)
+        return accum_steps * compute + _overlap(compute, self.sync_s(placement), self.gamma) + self.overhead
 
 
-def slowdown(share: float) -> float:
-    """How much slower compute runs when `share` workers share each physical GPU."""
-    return 1.0 if share <= 1.0 else share * (1.0 + TIME_SLICE_OVERHEAD)
+def slowdown(share: float, batches: int = 1, tail: float = 1.0) -> float:
+    """How much slower the slowest worker's micro-batches run when `share` workers share each
+    physical GPU, it has `batches` of them, and a fraction `tail` of its node's workers have as
+    many (the others one fewer: once they finish, the rest share the devices among fewer).
+
+    Processor sharing with each worker on one device at most: (batches - 1) micro-batches at the
+    full share, then the last at max(1, tail x share), per micro-batch. Even split (tail 1): share.
+    """
+    if share <= 1.0:
+        return 1.0
+    sliced = share * (1.0 + TIME_SLICE_OVERHEAD)
+    last = max(1.0, min(1.0, max(tail, 0.0)) * sliced)
+    return ((max(batches, 1) - 1) * sliced + last) / max(batches, 1)
+
+
+def busiest_fraction(virtual_nodes: int, workers: int) -> float:
+    """The fraction of workers holding the most virtual nodes (ceil(V/K)); 1 when V is unknown."""
+    if virtual_nodes <= 0 or workers <= 0:
+        return 1.0
+    if workers >= virtual_nodes:
+        return virtual_nodes / workers  # one each; the rest idle
+    extra = virtual_nodes % workers
+    return extra / workers if extra else 1.0
+
+
+def busy_devices(placement: Placement) -> float:
+    """Devices computing on the job's busiest node: its workers, or its devices when time-sliced."""
+    per_node = math.ceil(max(placement.workers, 1) / max(placement.nodes, 1))
+    return per_node / max(placement.share, 1.0)
 
 
 def _overlap(compute: float, sync: float, gamma: float) -> float:
@@ -144,6 +206,8 @@ class JobModel:
     tuned_batch: int | None = None
 
     def step_s(self, placement: Placement) -> float:
+        """Seconds per step. The share may count other jobs' workers on a device, which do not leave
+        it when this job's short workers finish, so the split is taken to be even here."""
         micro, accum = step_shape(self.global_batch, self.virtual_nodes, placement.workers)
         return max(self.params.step_s(placement, micro, accum), 1e-9)  # > 0 even for all-zero params
 
@@ -175,19 +239,59 @@ def _line(xs: Sequence[float], ys: Sequence[float], fallback_slope: float) -> tu
     return intercept, slope
 
 
-def _fit_compute(data: Sequence[Measurement], prior: ThroughputParams) -> tuple[float, float]:
+def _compute_line(data: Sequence[Measurement], base: ThroughputParams) -> ThroughputParams:
+    """The compute line under `base`'s contention, from each measurement's compute seconds divided by
+    its time-slicing and contention factors."""
+    unit = replace(base, alpha_c=1.0, beta_c=0.0)  # compute_s(m) == 1: slowed_compute_s is the factor
     xs = [m.micro_batch for m in data]
-    ys = [m.compute_s / slowdown(m.share) * m.speed for m in data]
+    ys = [m.compute_s / unit.slowed_compute_s(m.placement, 1.0, m.accum_steps, m.tail) for m in data]
     if max(xs) - min(xs) > 1e-9:
-        return _line(xs, ys, prior.beta_c)
-    # One micro-batch size seen: keep the prior's split between fixed and per-sample cost.
-    scale = (sum(ys) / len(ys)) / max(prior.compute_s(xs[0]), 1e-12)
-    return prior.alpha_c * scale, prior.beta_c * scale
+        alpha_c, beta_c = _line(xs, ys, base.beta_c)
+    else:  # one micro-batch size seen: keep the prior's split between fixed and per-sample cost
+        scale = (sum(ys) / len(ys)) / max(base.compute_s(xs[0]), 1e-12)
+        alpha_c, beta_c = base.alpha_c * scale, base.beta_c * scale
+    return replace(base, alpha_c=alpha_c, beta_c=beta_c)
 
 
-def _implied_sync(m: Measurement, compute: float, gamma: float) -> float:
+def _compute_error(data: Sequence[Measurement], params: ThroughputParams) -> float:
+    return sum(
+        (params.slowed_compute_s(m.placement, m.micro_batch, m.accum_steps, m.tail) - m.compute_s) ** 2
+        for m in data
+    )
+
+
+def _fit_compute(data: Sequence[Measurement], base: ThroughputParams) -> ThroughputParams:
+    """Compute line and contention. Contention needs compute measured at two or more numbers of busy
+    devices per node; no contention is kept when it explains the measurements as well."""
+    if len({busy_devices(m.placement) for m in data}) < 2:
+        return _compute_line(data, base)
+
+    def error(contention: float) -> float:
+        return _compute_error(data, _compute_line(data, replace(base, contention=contention)))
+
+    found = _golden_min(error, 0.0, CONTENTION_MAX)
+    best = min((0.0, found), key=error)
+    return _compute_line(data, replace(base, contention=best))
+
+
+def _fit_overhead(data: Sequence[Measurement], base: ThroughputParams) -> float:
+    """Least step time beyond compute among single-worker steps (no sync to hide it in): noise
+    only ever adds time, and one slow measurement must not be paid on every prediction. The
+    prior's without any."""
+    alone = [m for m in data if m.workers == 1]
+    if not alone:
+        return base.overhead
+    beyond = [
+        m.step_s
+        - (m.accum_steps + 1) * base.slowed_compute_s(m.placement, m.micro_batch, m.accum_steps, m.tail)
+        for m in alone
+    ]
+    return max(0.0, min(beyond))
+
+
+def _implied_sync(m: Measurement, compute: float, overhead: float, gamma: float) -> float:
     """T_net that makes the model's step time equal the measured one (0 when compute explains it)."""
-    last = max(m.step_s - m.accum_steps * compute, compute)
+    last = max(m.step_s - overhead - m.accum_steps * compute, compute)
     return float((last**gamma - compute**gamma) ** (1.0 / gamma))
 
 
@@ -202,7 +306,12 @@ def _fit_sync(
             continue
         xs = [float(m.workers - 2) for m in group]
         ys = [
-            _implied_sync(m, base.compute_s(m.micro_batch) * slowdown(m.share) / m.speed, gamma)
+            _implied_sync(
+                m,
+                base.slowed_compute_s(m.placement, m.micro_batch, m.accum_steps, m.tail),
+                base.overhead,
+                gamma,
+            )
             for m in group
         ]
         slope = base.beta_local if local else base.beta_net
@@ -210,25 +319,26 @@ def _fit_sync(
         fields = ("alpha_local", "beta_local") if local else ("alpha_net", "beta_net")
         params = replace(params, **{fields[0]: alpha, fields[1]: beta})
     error = sum(
-        (
-            params.step_s(Placement(m.workers, m.nodes, m.share, m.speed), m.micro_batch, m.accum_steps)
-            - m.step_s
-        )
-        ** 2
-        for m in data
+        (params.step_s(m.placement, m.micro_batch, m.accum_steps, m.tail) - m.step_s) ** 2 for m in data
     )
     return params, error
 
 
 def _golden_min(f: Callable[[float], float], lo: float, hi: float, rounds: int = 20) -> float:
+    """Golden-section search; each round reuses one of the previous round's two evaluations."""
     ratio = (math.sqrt(5.0) - 1.0) / 2.0
     a, b = lo, hi
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = f(c), f(d)
     for _ in range(rounds):
-        c, d = b - ratio * (b - a), a + ratio * (b - a)
-        if f(c) <= f(d):
-            b = d
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = f(c)
         else:
-            a = c
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = f(d)
     return (a + b) / 2.0
 
 
@@ -238,8 +348,8 @@ def fit(measurements: Sequence[Measurement], prior: ThroughputParams | None = No
     data = [m for m in measurements if m.workers >= 1 and m.step_s > 0 and m.compute_s > 0]
     if not data:
         return base
-    alpha_c, beta_c = _fit_compute(data, base)
-    base = replace(base, alpha_c=alpha_c, beta_c=beta_c)
+    base = _fit_compute(data, base)
+    base = replace(base, overhead=_fit_overhead(data, base))
     if not any(m.workers >= 2 for m in data):
         return base
     grid = [GAMMA_MIN * (GAMMA_MAX / GAMMA_MIN) ** (i / 12) for i in range(13)]
@@ -280,7 +390,9 @@ def compute_speeds(jobs: Iterable[Sequence[Measurement]]) -> dict[str, float]:
         line = fit_cached(on_reference)
         by_type: dict[str, list[float]] = defaultdict(list)
         for m in others:
-            by_type[m.gpu_type].append(line.compute_s(m.micro_batch) * slowdown(m.share) / m.compute_s)
+            at_reference = replace(m.placement, speed=1.0)
+            expected = line.slowed_compute_s(at_reference, m.micro_batch, m.accum_steps, m.tail)
+            by_type[m.gpu_type].append(expected / m.compute_s)
         for gpu_type, values in by_type.items():
             ratios[gpu_type].append(statistics.median(values))
     return {reference: 1.0, **{t: statistics.median(v) for t, v in ratios.items()}}

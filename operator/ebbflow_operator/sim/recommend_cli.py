@@ -2,8 +2,9 @@
 
 Files (CSV with a header; docs/recommender.md):
 - `--measurements`: gpu_type, workers, nodes, micro_batch, accumulation_steps, step_seconds,
-  compute_seconds and optionally share (time-slicing); one row per measured configuration, e.g.
-  from the trainers' progress reports (`status.progress` has every field but gpu_type and nodes).
+  compute_seconds and optionally share (time-slicing) and virtual_nodes (V); one row per measured
+  configuration, e.g. from the trainers' progress reports (`status.progress` has every field but
+  gpu_type and nodes).
 - `--prices`: gpu_type, price_per_gpu_hour and optionally gpus_per_node (8), max_gpus (64), speed
   (1.0: relative compute speed of a type with no measurement).
 
@@ -108,6 +109,7 @@ def read_measurements(path: Path) -> list[Measurement]:
             accum_steps=row.get("accumulation_steps", int),
             share=row.get("share", float, 1.0),
             gpu_type=row.values["gpu_type"].strip(),
+            virtual_nodes=row.get("virtual_nodes", int, 0),
         )
         if measurement.workers < 1 or measurement.step_s <= 0 or measurement.compute_s <= 0:
             raise row.error("workers, step_seconds and compute_seconds must be > 0")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,13 @@ from ebbflow_operator.recommend import (
     predict,
 )
 from ebbflow_operator.sim.cli import main as sim_main
-from ebbflow_operator.throughput import Measurement, Placement, ThroughputParams, step_shape
+from ebbflow_operator.throughput import (
+    Measurement,
+    Placement,
+    ThroughputParams,
+    busiest_fraction,
+    step_shape,
+)
 
 TRUE = ThroughputParams(alpha_c=0.004, beta_c=0.002, alpha_local=0.01, beta_local=0.002,
                         alpha_net=0.03, beta_net=0.004, gamma=1.5)  # fmt: skip
@@ -41,6 +48,21 @@ def test_the_fit_predicts_held_out_measurements_of_a_job_that_follows_the_model(
     errors = held_out_errors(MEASURED)
     assert len(errors) == len(MEASURED)
     assert max(errors) < 0.02, errors
+
+
+def test_held_out_steps_of_processes_sharing_two_cores() -> None:
+    """1-4 processes on one node of two devices (the CPU bench): contention, a fixed overhead per
+    step, time-slicing beyond two and an uneven split at three are all in the fit."""
+    truth = replace(TRUE, contention=0.15, overhead=0.004)
+    shots = []
+    for workers in (1, 2, 3, 4):
+        share, accum, tail = max(1.0, workers / 2), -(-4 // workers) - 1, busiest_fraction(4, workers)
+        placement = Placement(workers, 1, share)
+        for micro in (8.0, 16.0, 32.0):
+            step = truth.step_s(placement, micro, accum, tail)
+            compute = truth.slowed_compute_s(placement, micro, accum, tail)
+            shots.append(Measurement(workers, micro, step, compute, 1, accum, share, "cpu", virtual_nodes=4))
+    assert max(held_out_errors(shots)) < 0.02
 
 
 def test_a_second_gpu_types_speed_is_learned_from_its_measurements() -> None:

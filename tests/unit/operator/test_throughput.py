@@ -13,6 +13,8 @@ from ebbflow_operator.throughput import (
     Measurement,
     Placement,
     ThroughputParams,
+    busiest_fraction,
+    busy_devices,
     compute_speeds,
     fit,
     fit_cached,
@@ -85,6 +87,70 @@ def test_one_worker_has_no_sync_and_time_slicing_slows_compute() -> None:
     assert TRUE.step_s(Placement(1, share=2.0), 32.0, 3) == pytest.approx(slowdown(2.0) * alone)
 
 
+@pytest.mark.parametrize(
+    ("share", "batches", "tail", "expected"),
+    [
+        pytest.param(1.0, 4, 1 / 3, 1.0, id="own device: no slowdown"),
+        pytest.param(2.0, 1, 1.0, 2.2, id="even split: share plus context switches"),
+        pytest.param(2.0, 3, 1.0, 2.2, id="even split: every micro-batch at the share"),
+        pytest.param(1.5, 2, 1 / 3, (1.65 + 1.0) / 2, id="3 workers on 2 devices, V=4: last batch alone"),
+        pytest.param(4.0, 2, 0.5, (4.4 + 2.2) / 2, id="the tail still time-sliced"),
+        pytest.param(2.0, 1, 0.5, 1.1, id="workers beyond V idle: half the share"),
+    ],
+)
+def test_slowdown(share: float, batches: int, tail: float, expected: float) -> None:
+    assert slowdown(share, batches, tail) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("virtual", "workers", "expected"),
+    [
+        pytest.param(4, 2, 1.0, id="even split"),
+        pytest.param(4, 3, 1 / 3, id="one of three holds two"),
+        pytest.param(5, 3, 2 / 3, id="two of three hold two"),
+        pytest.param(4, 8, 0.5, id="beyond V: half busy"),
+        pytest.param(0, 3, 1.0, id="V unknown: even"),
+    ],
+)
+def test_busiest_fraction(virtual: int, workers: int, expected: float) -> None:
+    assert busiest_fraction(virtual, workers) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("placement", "expected"),
+    [
+        pytest.param(Placement(1), 1.0, id="one worker"),
+        pytest.param(Placement(8, 2), 4.0, id="packed on two nodes"),
+        pytest.param(Placement(3, 1, share=1.5), 2.0, id="time-sliced: the devices"),
+        pytest.param(Placement(5, 2), 3.0, id="the busiest node"),
+    ],
+)
+def test_busy_devices(placement: Placement, expected: float) -> None:
+    assert busy_devices(placement) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("placement", "expected"),
+    [
+        pytest.param(Placement(1), 1.0, id="one busy device: none"),
+        pytest.param(Placement(2, 2), 1.0, id="one worker per node: none"),
+        pytest.param(Placement(4, 1), 1.3, id="four on a node: three more busy devices"),
+        pytest.param(Placement(4, 1, share=2.0), 1.1 * 2.2, id="time-sliced: two busy devices"),
+    ],
+)
+def test_contention_slows_compute_with_busy_devices_per_node(placement: Placement, expected: float) -> None:
+    crowded = replace(TRUE, contention=0.1)
+    assert crowded.slowed_compute_s(placement, 32.0, 0) == pytest.approx(expected * TRUE.compute_s(32.0))
+
+
+def test_overhead_is_paid_once_per_step() -> None:
+    with_overhead = replace(TRUE, overhead=0.005)
+    for placement in (Placement(1), Placement(4, 2)):
+        assert with_overhead.step_s(placement, 32.0, 3) == pytest.approx(
+            TRUE.step_s(placement, 32.0, 3) + 0.005
+        )
+
+
 def test_fit_recovers_noise_free_parameters() -> None:
     fitted = fit(measure(TRUE))
     for name in ("alpha_c", "beta_c", "alpha_local", "beta_local", "alpha_net", "beta_net", "gamma"):
@@ -96,6 +162,53 @@ def test_noisy_fit_predicts_unseen_sizes() -> None:
     for workers, nodes in ((3, 1), (12, 2), (32, 4)):
         placement = Placement(workers, nodes)
         assert fitted.step_s(placement, 48.0, 2) == pytest.approx(TRUE.step_s(placement, 48.0, 2), rel=0.05)
+
+
+CPU = replace(TRUE, contention=0.15, overhead=0.004)
+
+
+def on_two_devices(truth: ThroughputParams, workers: int, micro: float, virtual: int = 4) -> Measurement:
+    """What a job following `truth` reports with `workers` processes on one node of two devices (CPU
+    cores): more than two time-slice them, and V/K need not be whole."""
+    share = max(1.0, workers / 2)
+    accum = -(-virtual // workers) - 1
+    tail = busiest_fraction(virtual, workers)
+    placement = Placement(workers, 1, share)
+    step = truth.step_s(placement, micro, accum, tail)
+    compute = truth.slowed_compute_s(placement, micro, accum, tail)
+    return Measurement(workers, micro, step, compute, 1, accum, share, virtual_nodes=virtual)
+
+
+def crowded(truth: ThroughputParams) -> list[Measurement]:
+    return [on_two_devices(truth, k, m) for k in (1, 2, 3, 4) for m in (8.0, 16.0, 32.0)]
+
+
+def test_fit_recovers_contention_and_overhead() -> None:
+    fitted = fit(crowded(CPU))
+    for name in ("alpha_c", "beta_c", "contention", "overhead", "alpha_local", "beta_local"):
+        assert getattr(fitted, name) == pytest.approx(getattr(CPU, name), rel=0.02), name
+
+
+def test_one_slow_single_worker_step_does_not_raise_the_overhead() -> None:
+    shots = crowded(CPU)
+    shots[1] = replace(shots[1], step_s=shots[1].step_s * 2)  # 1x16 measured under load
+    assert fit(shots).overhead == pytest.approx(CPU.overhead, rel=0.02)
+
+
+def test_no_contention_is_fitted_where_compute_does_not_slow() -> None:
+    fitted = fit(crowded(TRUE))
+    assert fitted.contention == 0.0
+    assert fitted.overhead == pytest.approx(0.0, abs=1e-12)
+
+
+def test_without_single_worker_steps_the_sync_line_absorbs_the_overhead() -> None:
+    shots = [m for m in crowded(CPU) if m.workers > 1]
+    fitted = fit(shots)
+    assert fitted.overhead == ThroughputParams.prior().overhead
+    for m in shots:
+        assert fitted.step_s(m.placement, m.micro_batch, m.accum_steps, m.tail) == pytest.approx(
+            m.step_s, rel=0.02
+        )
 
 
 def test_no_measurements_is_the_prior() -> None:
