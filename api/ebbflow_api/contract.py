@@ -23,6 +23,8 @@ ROLE_WORKER: Final = "worker"
 ROLE_RENDEZVOUS: Final = "rendezvous"
 LABEL_WORKER_INDEX: Final = f"{API_GROUP}/worker-index"
 ANNOTATION_WORLD_GENERATION: Final = f"{API_GROUP}/world-generation"
+# The global batch B the policy chose for a job with spec.maxGlobalBatchSize (see ENV_GLOBAL_BATCH_SIZE_FILE).
+ANNOTATION_GLOBAL_BATCH_SIZE: Final = f"{API_GROUP}/global-batch-size"
 # Rank 0 writes a JSON progress report here on its own pod (see PROGRESS_FIELDS); the operator
 # copies the newest report into the job's status.progress. "eval" is the training script's last
 # evaluation, {"step": int, "metrics": {name: number}}, or null. The step's shape and time split
@@ -63,6 +65,13 @@ ENV_MAX_REPLICAS: Final = "EBBFLOW_MAX_REPLICAS"
 ENV_VIRTUAL_NODES: Final = "EBBFLOW_VIRTUAL_NODES"
 ENV_GLOBAL_BATCH_SIZE: Final = "EBBFLOW_GLOBAL_BATCH_SIZE"
 ENV_BATCHING: Final = "EBBFLOW_BATCHING"
+# spec.maxGlobalBatchSize (unset: absent). Only then may B change during the run: the operator
+# writes the B its goodput policy chose to ANNOTATION_GLOBAL_BATCH_SIZE on every worker pod, the
+# kubelet projects it (downward API volume) into the file at ENV_GLOBAL_BATCH_SIZE_FILE, and the
+# trainers switch to it together at a step boundary (rank 0 reads the file; the choice travels in
+# the step's collective). An empty or missing file, or a value the spec does not allow, keeps B.
+ENV_MAX_GLOBAL_BATCH_SIZE: Final = "EBBFLOW_MAX_GLOBAL_BATCH_SIZE"
+ENV_GLOBAL_BATCH_SIZE_FILE: Final = "EBBFLOW_GLOBAL_BATCH_SIZE_FILE"
 ENV_LR_SCALING: Final = "EBBFLOW_LR_SCALING"
 ENV_WORLD_GENERATION: Final = "EBBFLOW_WORLD_GENERATION"
 ENV_CHECKPOINT_PATH: Final = "EBBFLOW_CHECKPOINT_PATH"

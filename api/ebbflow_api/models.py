@@ -239,6 +239,11 @@ class RendezvousSpec(ApiModel):
     )
 
 
+def _multiple_of_v(batch: str) -> str:
+    """CEL: a batch splits evenly into the virtual nodes (V defaults to replicas.max)."""
+    return f"{batch} % {VIRTUAL_NODES_OR_MAX} == 0"
+
+
 class TrainingShape(ApiModel):
     """What a step means: the part of the spec the trainer receives and checks with the same rules."""
 
@@ -255,6 +260,14 @@ class TrainingShape(ApiModel):
     )
     batching: Batching = Field(Batching.STATIC, description=Batching.__doc__)
     lr_scaling: LrScaling = Field(LrScaling.NONE, description=LrScaling.__doc__)
+    max_global_batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_GLOBAL_BATCH_SIZE,
+        description="Lets the goodput policy change B (Pollux's batch-size co-adaptation) between "
+        "globalBatchSize and this, in multiples of V, with lrScaling adascale keeping the step's "
+        "learning rate right; unset (the default): B never changes.",
+    )
     cel_rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
             "!has(self.virtualNodes) || self.virtualNodes >= self.replicas.max",
@@ -263,7 +276,7 @@ class TrainingShape(ApiModel):
             reason="FieldValueInvalid",
         ),
         Rule(
-            f"self.globalBatchSize % {VIRTUAL_NODES_OR_MAX} == 0",
+            _multiple_of_v("self.globalBatchSize"),
             "spec.globalBatchSize must be a multiple of spec.virtualNodes (or of spec.replicas.max when "
             "virtualNodes is unset): round it to a multiple",
             field_path=".globalBatchSize",
@@ -274,6 +287,26 @@ class TrainingShape(ApiModel):
             "spec.lrScaling adascale needs spec.virtualNodes >= 2 (the gradient noise scale is estimated "
             "from the spread between virtual nodes): raise virtualNodes or choose another lrScaling",
             field_path=".lrScaling",
+            reason="FieldValueInvalid",
+        ),
+        Rule(
+            "!has(self.maxGlobalBatchSize) || self.maxGlobalBatchSize >= self.globalBatchSize",
+            "spec.maxGlobalBatchSize must be >= spec.globalBatchSize: raise it or leave it unset",
+            field_path=".maxGlobalBatchSize",
+            reason="FieldValueInvalid",
+        ),
+        Rule(
+            "!has(self.maxGlobalBatchSize) || " + _multiple_of_v("self.maxGlobalBatchSize"),
+            "spec.maxGlobalBatchSize must be a multiple of spec.virtualNodes (or of spec.replicas.max when "
+            "virtualNodes is unset): round it to a multiple",
+            field_path=".maxGlobalBatchSize",
+            reason="FieldValueInvalid",
+        ),
+        Rule(
+            "!has(self.maxGlobalBatchSize) || (has(self.lrScaling) && self.lrScaling == 'adascale')",
+            "spec.maxGlobalBatchSize needs spec.lrScaling adascale (a larger batch must scale the "
+            "learning rate by its measured gain): set lrScaling: adascale or leave maxGlobalBatchSize unset",
+            field_path=".maxGlobalBatchSize",
             reason="FieldValueInvalid",
         ),
     )

@@ -134,6 +134,21 @@ BAD = [
     ),
     ("batch-zero", spec_set("globalBatchSize", 0), ["spec.globalBatchSize", "greater than or equal to 1"]),
     (
+        "max-batch-below-batch",
+        lambda m: (spec_set("lrScaling", "adascale")(m), spec_set("maxGlobalBatchSize", 8)(m)),
+        ["spec.maxGlobalBatchSize must be >= spec.globalBatchSize"],
+    ),
+    (
+        "max-batch-not-multiple-of-v",
+        lambda m: (spec_set("lrScaling", "adascale")(m), spec_set("maxGlobalBatchSize", 100001)(m)),
+        ["spec.maxGlobalBatchSize must be a multiple"],
+    ),
+    (
+        "max-batch-without-adascale",
+        spec_set("maxGlobalBatchSize", 4096),
+        ["spec.maxGlobalBatchSize needs spec.lrScaling adascale"],
+    ),
+    (
         "batch-negative",
         spec_set("globalBatchSize", -64),
         ["spec.globalBatchSize", "greater than or equal to 1"],
