@@ -311,6 +311,13 @@ class TrainingShape(ApiModel):
         ),
     )
 
+    def allows_global_batch(self, batch: int) -> bool:
+        """Whether B may become `batch` during the run: only with maxGlobalBatchSize, never below
+        globalBatchSize, and the shape with that B passes the same rules (whole virtual nodes, <= max)."""
+        if self.max_global_batch_size is None or batch < self.global_batch_size:
+            return False
+        return not violations(TrainingShape.cel_rules, {**self.to_json(), "globalBatchSize": batch})
+
     @cached_property
     def resolved_virtual_nodes(self) -> int:
         """V, with the API's default applied (the same CEL expression the rules use)."""
@@ -452,6 +459,11 @@ class ElasticTrainingJobStatus(ApiModel):
     desired_replicas: int | None = Field(None, description="The allocator's size for the job.")
     selector: str | None = Field(None, description="Label selector of the worker pods.")
     world_generation: Int64 | None = None
+    global_batch_size: int | None = Field(
+        None,
+        description="The global batch B the goodput policy chose (only with spec.maxGlobalBatchSize; "
+        "the workers' annotation carries it to the trainers, which switch at a step boundary).",
+    )
     last_rescale: LastRescale | None = None
     preemptions: Int64 | None = None
     restarts: Int64 | None = None

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import ItemsView, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from itertools import groupby
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from .model import JobKey
 
@@ -179,6 +179,28 @@ class Policy(Protocol):
     """Decides every job's worker count from the demands and the free GPUs per node."""
 
     def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]: ...
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Every job's worker count and, for jobs whose spec lets it change, the global batch chosen."""
+
+    counts: dict[JobKey, int]
+    global_batch: dict[JobKey, int] = field(default_factory=dict)
+
+
+@runtime_checkable
+class BatchPolicy(Policy, Protocol):
+    """A policy that also chooses the global batch of jobs that allow it (spec.maxGlobalBatchSize)."""
+
+    def decide(self, demands: Sequence[Demand], free: Mapping[str, int]) -> Allocation: ...
+
+
+def allocate(policy: Policy, demands: Sequence[Demand], free: Mapping[str, int]) -> Allocation:
+    """The policy's counts, with its batch choices when it makes any."""
+    if isinstance(policy, BatchPolicy):
+        return policy.decide(demands, free)
+    return Allocation(policy.allocate(demands, free))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ebbflow_api import contract
 
-from .allocator import Demand, Policy
+from .allocator import Demand, Policy, allocate
 from .capacity import cluster_capacity, eligible_nodes, matches_selector
 from .model import Job, JobKey, Node, Pod
 from .planner import TERMINAL_PHASES, Observed, Plan, PlannerConfig, hold_cap, plan_job
@@ -78,16 +78,17 @@ def decide(
         movable += held
         demands.append(_demand(job, held, eligible[job.key], now))
     capacity = cluster_capacity(selected, pods, movable)
-    allocation = policy.allocate(demands, capacity.free)
+    allocation = allocate(policy, demands, capacity.free)
     plans = []
     for job in jobs:
         observed = Observed(
             pods=job_pods[job.key],
             services=services.get(job.key, frozenset()),
             nodes=by_name,
-            desired=allocation.get(job.key, 0),
+            desired=allocation.counts.get(job.key, 0),
             free_gpus=sum(capacity.free.get(name, 0) for name in eligible[job.key]),
             network_policies=network_policies.get(job.key, frozenset()),
+            global_batch=allocation.global_batch.get(job.key),
         )
         plans.append(plan_job(job, observed, now, config.planner))
     used = sum(p.gpus for p in pods if p.holds_gpus and p.node in capacity.free)

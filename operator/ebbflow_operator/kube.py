@@ -140,6 +140,12 @@ class KubeIO:
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"
         return _tolerate((404, 409), self._request, "DELETE", path, body)
 
+    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Json) -> Json | None:
+        """Merges `annotations` into exactly the pod observed (uid precondition); a pod gone is done."""
+        body = {"metadata": {"uid": uid, "annotations": annotations}}
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        return _tolerate((404, 409), self._request, "PATCH", path, body, (), "application/merge-patch+json")
+
     def patch_job_status(self, namespace: str, name: str, patch: Json) -> Json | None:
         path = (
             f"/apis/{contract.API_GROUP}/{contract.API_VERSION}/namespaces/{namespace}/"

@@ -19,6 +19,11 @@ WORKER_NAME = re.compile(r"^(?P<job>.+)-worker-(?P<index>\d+)$")
 # there, and the kubelet copies it into the container's state.terminated.message.
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 RENDEZVOUS_USER = 65532  # the trainer image's unprivileged user
+# spec.maxGlobalBatchSize: the downward-API volume projecting the worker's global-batch-size
+# annotation, and where the trainer finds it (contract.ENV_GLOBAL_BATCH_SIZE_FILE).
+BATCH_VOLUME = "ebbflow-global-batch"
+BATCH_MOUNT = "/etc/ebbflow/global-batch"
+BATCH_FILE = "global-batch-size"
 
 
 def worker_name(job: str, index: int) -> str:
@@ -92,6 +97,9 @@ def _env(job: Job, world_generation: int, container: Json) -> list[Json]:
         contract.ENV_MAX_NONFINITE_STEPS: spec.max_non_finite_steps,
         contract.ENV_TERMINATION_MESSAGE_PATH: message_path,
     }
+    if spec.max_global_batch_size is not None:
+        values[contract.ENV_MAX_GLOBAL_BATCH_SIZE] = spec.max_global_batch_size
+        values[contract.ENV_GLOBAL_BATCH_SIZE_FILE] = f"{BATCH_MOUNT}/{BATCH_FILE}"
     env: list[Json] = [{"name": name, "value": str(value)} for name, value in values.items()]
     env.append({"name": contract.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     return env
@@ -103,14 +111,38 @@ def trainer_service_account(accounts: Mapping[str, str], namespace: str) -> str:
     return accounts.get(namespace) or accounts.get("", "")
 
 
+def global_batch_in_use(job: Job) -> int:
+    """B as the workers should have it: the policy's last choice (status), else the spec's."""
+    return job.status.global_batch_size or job.spec.global_batch_size
+
+
+def _project_global_batch(spec: Json) -> None:
+    """Mounts the worker's global-batch-size annotation as a file in every container (the kubelet
+    rewrites it when the operator changes the annotation; env vars could not change)."""
+    field = f"metadata.annotations['{contract.ANNOTATION_GLOBAL_BATCH_SIZE}']"
+    item = {"path": BATCH_FILE, "fieldRef": {"fieldPath": field}}
+    volume = {"name": BATCH_VOLUME, "downwardAPI": {"items": [item]}}
+    spec["volumes"] = [*(v for v in spec.get("volumes") or [] if v.get("name") != BATCH_VOLUME), volume]
+    mount = {"name": BATCH_VOLUME, "mountPath": BATCH_MOUNT, "readOnly": True}
+    for container in spec["containers"]:
+        mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != BATCH_VOLUME]
+        container["volumeMounts"] = [*mounts, mount]
+
+
 def worker_pod(
-    job: Job, index: int, world_generation: int, service_accounts: Mapping[str, str] | None = None
+    job: Job,
+    index: int,
+    world_generation: int,
+    service_accounts: Mapping[str, str] | None = None,
+    global_batch: int | None = None,
 ) -> Json:
     """A worker: the job's template plus the contract's labels, annotations and environment.
 
     `service_accounts` (namespace -> name, "" for every namespace) names the ServiceAccount of
     workers whose template sets none: the trainer patches its own pod's progress annotation with
-    that account's token, so it needs a Role allowing it (the Helm chart creates one).
+    that account's token, so it needs a Role allowing it (the Helm chart creates one). With
+    spec.maxGlobalBatchSize the pod carries `global_batch` (default: `global_batch_in_use`) in its
+    annotation, projected into the file the trainer reads.
     """
     template = job.spec.template.to_json()
     metadata: Json = template.get("metadata") or {}
@@ -128,6 +160,14 @@ def worker_pod(
     if account and not spec.get("serviceAccountName") and not spec.get("serviceAccount"):
         spec["serviceAccountName"] = account
     labels = dict(metadata.get("labels") or {})
+    annotations = {
+        **(metadata.get("annotations") or {}),
+        contract.ANNOTATION_WORLD_GENERATION: str(world_generation),
+    }
+    if job.spec.max_global_batch_size is not None:
+        _project_global_batch(spec)
+        chosen = global_batch if global_batch is not None else global_batch_in_use(job)
+        annotations[contract.ANNOTATION_GLOBAL_BATCH_SIZE] = str(chosen)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -139,10 +179,7 @@ def worker_pod(
                 **_labels(job, contract.ROLE_WORKER),
                 contract.LABEL_WORKER_INDEX: str(index),
             },
-            "annotations": {
-                **(metadata.get("annotations") or {}),
-                contract.ANNOTATION_WORLD_GENERATION: str(world_generation),
-            },
+            "annotations": annotations,
             "ownerReferences": [owner_reference(job)],
         },
         "spec": spec,

@@ -112,6 +112,7 @@ class Pod:
     disruption: str | None = None  # DisruptionTarget condition reason, or status.reason
     progress: str | None = None  # ANNOTATION_PROGRESS
     world_generation: int = 0
+    global_batch: str | None = None  # ANNOTATION_GLOBAL_BATCH_SIZE as written (None: absent)
 
     @property
     def finished(self) -> bool:
@@ -247,6 +248,7 @@ def parse_pod(raw: Mapping[str, Any]) -> Pod:
         disruption=_disruption(status),
         progress=annotations.get(contract.ANNOTATION_PROGRESS),
         world_generation=int(annotations.get(contract.ANNOTATION_WORLD_GENERATION, 0) or 0),
+        global_batch=annotations.get(contract.ANNOTATION_GLOBAL_BATCH_SIZE),
     )
 
 

@@ -17,6 +17,8 @@ frozen values the steps before it returned:
     resize                   the scale-down's `victims`, `new_workers`, the world generation
     rendezvous_and_services  the rendezvous pod (replaced when it ends), the job's Services and
                              NetworkPolicy
+    global_batch             (spec.maxGlobalBatchSize only) the policy's B -> the workers'
+                             annotations to change and status.globalBatchSize
     job_status               `readiness` (phase, Ready), `schedulable`, `rescale_reason`, `history`
 
 The job's lifecycle, status.phase (`ebbflow_api.models.Phase`), decided anew every pass:
@@ -98,9 +100,20 @@ class Event:
 
 
 @dataclass(frozen=True)
+class BatchUpdate:
+    """A worker whose global-batch-size annotation must become `value`."""
+
+    name: str
+    uid: str
+    value: int
+
+
+@dataclass(frozen=True)
 class Plan:
     job: Job
     create_workers: tuple[tuple[int, int], ...] = ()  # (index, world generation)
+    global_batch: int | None = None  # B for new workers (spec.maxGlobalBatchSize only)
+    update_global_batch: tuple[BatchUpdate, ...] = ()
     delete: tuple[Deletion, ...] = ()
     create_rendezvous_pod: bool = False
     create_services: tuple[str, ...] = ()  # names of missing Services
@@ -122,6 +135,7 @@ class Observed:
     desired: int  # the allocator's size for the job
     free_gpus: int  # GPUs free on nodes the job may use (for messages)
     network_policies: frozenset[str] = frozenset()  # names of the job's NetworkPolicies that exist
+    global_batch: int | None = None  # the policy's B for the job (None: the policy keeps B)
 
 
 @dataclass(frozen=True)
@@ -205,6 +219,15 @@ class Support:
 
 
 @dataclass(frozen=True)
+class Batch:
+    """The global batch the workers should train with, and the workers still to be told."""
+
+    value: int | None = None  # None: the job's spec does not let B change
+    update: tuple[BatchUpdate, ...] = ()
+    report: Report = field(default_factory=Report)
+
+
+@dataclass(frozen=True)
 class StatusUpdate:
     """The status to write, the rescale it records (if any) and what the pass tells people."""
 
@@ -226,17 +249,22 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
     sizing = resize(job, () if ended else timeout.active, target, disrupted, observed)
     support = rendezvous_and_services(job, observed, ended)
     delete = (*seen.taken, *ending.delete, *timeout.delete, *sizing.delete, *support.delete)
+    batch = global_batch(job, observed.global_batch, sizing.active, ended)
     settled = not delete and not sizing.create
     update = job_status(job, observed, seen, ending, timeout, sizing, settled, now, config)
+    if batch.value is not None:
+        update = replace(update, status={**update.status, "globalBatchSize": batch.value})
     return Plan(
         job=job,
         create_workers=sizing.create,
+        global_batch=batch.value,
+        update_global_batch=batch.update,
         delete=delete,
         create_rendezvous_pod=support.create_rendezvous_pod,
         create_services=support.create_services,
         create_network_policy=support.create_network_policy,
         status_patch=merge_patch(job.status.to_json(), update.status),
-        events=update.report.events,
+        events=update.report.events + batch.report.events,
         rescale_reason=update.rescale_reason,
         preemptions=len(seen.lost),
         status=update.status,
@@ -496,6 +524,26 @@ def rendezvous_and_services(job: Job, observed: Observed, ended: bool) -> Suppor
         ),
         create_network_policy=manifests.network_policy_name(job.name) not in observed.network_policies,
     )
+
+
+def global_batch(job: Job, chosen: int | None, active: Sequence[Pod], ended: bool) -> Batch:
+    """With spec.maxGlobalBatchSize: the policy's B when the spec allows it (else the one in use),
+    and the active workers whose annotation differs. The trainers switch together at a step
+    boundary once rank 0's projected file shows the new value."""
+    spec = job.spec
+    if spec.max_global_batch_size is None:
+        return Batch()
+    before = manifests.global_batch_in_use(job)
+    value = chosen if chosen is not None and spec.allows_global_batch(chosen) else before
+    if ended:
+        return Batch(value)
+    stale = tuple(BatchUpdate(p.name, p.uid, value) for p in active if p.global_batch != str(value))
+    changed = (
+        (Event("Normal", "GlobalBatchChanged", f"global batch {before} -> {value}"),)
+        if value != before
+        else ()
+    )
+    return Batch(value, stale, Report(changed))
 
 
 def job_status(

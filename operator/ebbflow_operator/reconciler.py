@@ -62,6 +62,7 @@ class ClusterIO(Protocol):
     def create_service(self, namespace: str, body: Json) -> Json | None: ...
     def create_network_policy(self, namespace: str, body: Json) -> Json | None: ...
     def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> Json | None: ...
+    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Json) -> Json | None: ...
     def patch_job_status(self, namespace: str, name: str, patch: Json) -> Json | None: ...
     def record_event(
         self, namespace: str, name: str, uid: str, type_: str, reason: str, message: str, now: float
@@ -276,11 +277,22 @@ class Reconciler:
         steps += [
             (
                 partial(
-                    io.create_pod, ns, manifests.worker_pod(job, i, g, self.config.trainer_service_accounts)
+                    io.create_pod,
+                    ns,
+                    manifests.worker_pod(job, i, g, self.config.trainer_service_accounts, plan.global_batch),
                 ),
                 pods,
             )
             for i, g in plan.create_workers
+        ]
+        steps += [
+            (
+                partial(
+                    io.annotate_pod, ns, u.name, u.uid, {contract.ANNOTATION_GLOBAL_BATCH_SIZE: str(u.value)}
+                ),
+                pods,
+            )
+            for u in plan.update_global_batch
         ]
         return steps
 
@@ -317,5 +329,6 @@ def _has_work(plan: Plan) -> bool:
         or plan.create_rendezvous_pod
         or plan.create_services
         or plan.create_network_policy
+        or plan.update_global_batch
         or plan.events
     )

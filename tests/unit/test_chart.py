@@ -472,7 +472,7 @@ NAMESPACED: Rules = {
 CRDS: Rules = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 CLUSTER_WIDE: Rules = {
     ("", "nodes"): {"list", "watch"},
-    ("", "pods"): {"list", "watch", "create", "delete"},
+    ("", "pods"): {"list", "watch", "create", "delete", "patch"},
     **NAMESPACED,
     **CRDS,
 }
@@ -482,7 +482,7 @@ LIMITED_CLUSTER: Rules = {
     ("", "namespaces"): {"list", "watch"},
     **CRDS,
 }
-LIMITED_NAMESPACE: Rules = {("", "pods"): {"watch", "create", "delete"}, **NAMESPACED}
+LIMITED_NAMESPACE: Rules = {("", "pods"): {"watch", "create", "delete", "patch"}, **NAMESPACED}
 TRAINER: Rules = {("", "pods"): {"patch"}}
 
 

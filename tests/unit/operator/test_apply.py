@@ -13,7 +13,7 @@ from ebbflow_operator.decide import OperatorConfig
 from ebbflow_operator.errors import KubeError
 from ebbflow_operator.metrics import Metrics
 from ebbflow_operator.model import Json, format_time
-from ebbflow_operator.planner import Deletion, Event, Plan
+from ebbflow_operator.planner import BatchUpdate, Deletion, Event, Plan
 from ebbflow_operator.reconciler import Reconciler
 
 from tests.builders import NOW, make_job
@@ -67,6 +67,10 @@ class FakeCluster:
 
     def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> Json | None:
         self._call("delete_pod", name)
+        return None
+
+    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Json) -> Json | None:
+        self._call("annotate_pod", name)
         return None
 
     def patch_job_status(self, namespace: str, name: str, patch: Json) -> Json | None:
@@ -148,6 +152,13 @@ def reconciler(cluster: FakeCluster, metrics: Metrics | None = None) -> Reconcil
             [STATUS, DELETE, *CREATES, RESCALED],
             0,
             id="events-are-best-effort",
+        ),
+        pytest.param(
+            replace(FULL, update_global_batch=(BatchUpdate("train-worker-0", "uid-train-0", 64),)),
+            {"annotate_pod train-worker-0": KubeError(500)},
+            [STATUS, DELETE, *CREATES, ("annotate_pod", "train-worker-0"), ERROR, RESCALED],
+            1,
+            id="global-batch-annotated-after-creations",
         ),
         pytest.param(
             Plan(job=JOB, events=(Event("Warning", "Preempted", "lost 1"),)),

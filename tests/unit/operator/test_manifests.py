@@ -119,6 +119,42 @@ def test_worker_pod_metadata() -> None:
     ]
 
 
+def adaptive(status: Json | None = None) -> Job:
+    builder = JobBuilder("a").replicas(1, 4).virtual_nodes(8).global_batch_size(256)
+    return make_job(builder.set(maxGlobalBatchSize=2048, lrScaling="adascale"), status=status)
+
+
+@pytest.mark.parametrize(
+    ("job", "chosen", "annotation"),
+    [
+        pytest.param(adaptive(), None, "256", id="spec-batch-at-first"),
+        pytest.param(adaptive({"globalBatchSize": 1024}), None, "1024", id="the-batch-in-use"),
+        pytest.param(adaptive({"globalBatchSize": 1024}), 512, "512", id="this-pass-choice"),
+    ],
+)
+def test_adaptive_batch_worker_reads_its_annotation_from_a_file(
+    job: Job, chosen: int | None, annotation: str
+) -> None:
+    pod = manifests.worker_pod(job, 0, world_generation=1, global_batch=chosen)
+    assert pod["metadata"]["annotations"][contract.ANNOTATION_GLOBAL_BATCH_SIZE] == annotation
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == manifests.BATCH_VOLUME]
+    [item] = volume["downwardAPI"]["items"]
+    assert item["fieldRef"]["fieldPath"] == f"metadata.annotations['{contract.ANNOTATION_GLOBAL_BATCH_SIZE}']"
+    for container in pod["spec"]["containers"]:
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env[contract.ENV_MAX_GLOBAL_BATCH_SIZE] == "2048"
+        mount = next(m for m in container["volumeMounts"] if m["name"] == manifests.BATCH_VOLUME)
+        assert env[contract.ENV_GLOBAL_BATCH_SIZE_FILE] == f"{mount['mountPath']}/{item['path']}"
+
+
+def test_fixed_batch_worker_has_no_batch_file() -> None:
+    pod = manifests.worker_pod(full_job(), 0, world_generation=1, global_batch=512)
+    assert contract.ANNOTATION_GLOBAL_BATCH_SIZE not in pod["metadata"]["annotations"]
+    assert all(v["name"] != manifests.BATCH_VOLUME for v in pod["spec"].get("volumes") or [])
+    names = {e["name"] for c in pod["spec"]["containers"] for e in c["env"]}
+    assert not names & {contract.ENV_MAX_GLOBAL_BATCH_SIZE, contract.ENV_GLOBAL_BATCH_SIZE_FILE}
+
+
 def test_worker_pod_spec_overrides() -> None:
     job = full_job()
     spec = manifests.worker_pod(job, 3, world_generation=9)["spec"]

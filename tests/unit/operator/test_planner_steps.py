@@ -29,6 +29,7 @@ from ebbflow_operator.planner import (
     clean_up,
     current_hold,
     end_of_job,
+    global_batch,
     history,
     hold_cap,
     job_status,
@@ -1154,3 +1155,63 @@ def test_job_status(
     assert {key: update.status[key] for key in expected["status"]} == expected["status"]
     assert update.status["desiredReplicas"] == sizing.target
     assert update.status["observedGeneration"] == 1
+
+
+# --- global_batch: the policy's B reaches the workers (spec.maxGlobalBatchSize) --------------------
+
+# V = 4 (replicas.max), B = 256: allowed values are the multiples of 4 in [256, 1024].
+ADAPTIVE = job(virtualNodes=4, globalBatchSize=256, maxGlobalBatchSize=1024, lrScaling="adascale")
+CHOSEN_512 = job(
+    virtualNodes=4,
+    globalBatchSize=256,
+    maxGlobalBatchSize=1024,
+    lrScaling="adascale",
+    status={"globalBatchSize": 512},
+)
+
+
+def adaptive_worker(owner: Job, index: int, annotated: str | None) -> Pod:
+    return make_worker(owner, index, global_batch=annotated)
+
+
+@pytest.mark.parametrize(
+    ("owner", "chosen", "annotated", "ended", "value", "updated", "events"),
+    [
+        pytest.param(J, 512, ["256"], False, None, [], [], id="fixed-batch-job-ignores-the-policy"),
+        pytest.param(ADAPTIVE, None, ["256", "256"], False, 256, [], [], id="no-choice-keeps-spec-batch"),
+        pytest.param(CHOSEN_512, None, ["512"], False, 512, [], [], id="no-choice-keeps-status-batch"),
+        pytest.param(
+            ADAPTIVE, 512, ["256", "512"], False, 512, [(0, 512)], ["global batch 256 -> 512"], id="grow"
+        ),
+        pytest.param(
+            CHOSEN_512,
+            256,
+            ["512", None],
+            False,
+            256,
+            [(0, 256), (1, 256)],
+            ["global batch 512 -> 256"],
+            id="shrink-and-annotate-unannotated",
+        ),
+        pytest.param(ADAPTIVE, 2048, ["256"], False, 256, [], [], id="above-max-refused"),
+        pytest.param(ADAPTIVE, 128, ["256"], False, 256, [], [], id="below-spec-batch-refused"),
+        pytest.param(ADAPTIVE, 510, ["256"], False, 256, [], [], id="not-whole-virtual-nodes-refused"),
+        pytest.param(ADAPTIVE, 1024, ["256"], True, 1024, [], [], id="ended-job-annotates-nothing"),
+    ],
+)
+def test_global_batch(
+    owner: Job,
+    chosen: int | None,
+    annotated: list[str | None],
+    ended: bool,
+    value: int | None,
+    updated: list[tuple[int, int]],
+    events: list[str],
+) -> None:
+    active = [adaptive_worker(owner, i, a) for i, a in enumerate(annotated)]
+    batch = global_batch(owner, chosen, active, ended)
+    assert batch.value == value
+    assert [(u.name, u.uid, u.value) for u in batch.update] == [
+        (f"{owner.name}-worker-{i}", f"uid-{owner.name}-{i}", v) for i, v in updated
+    ]
+    assert [e.message for e in batch.report.events] == events
