@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ebbflow_api import contract
@@ -37,36 +38,49 @@ CONVERGE = 240  # seconds: a few measured sizes, each a rescale with a short lea
 
 @dataclass(frozen=True)
 class TrainerModel:
-    """How one fake job trains: compute seconds per micro-batch, sync seconds when K > 1, loss(step)."""
+    """How one fake job trains: compute seconds per micro-batch (plus per sample beyond the spec's
+    micro-batch), sync seconds when K > 1, loss(step), and the gradient noise scale it reports."""
 
     compute_s: float
     sync_s: float
     loss: Callable[[float], float]
+    per_sample_s: float = 0.0
+    noise_scale: float | None = None
 
-    def step_shape(self, workers: int) -> tuple[int, float]:
-        """(micro-batches of the busiest worker, step seconds) at `workers`."""
+    def micro_batch_s(self, batch: int) -> float:
+        return self.compute_s + self.per_sample_s * (batch - GLOBAL_BATCH) / VIRTUAL_NODES
+
+    def step_shape(self, workers: int, batch: int = GLOBAL_BATCH) -> tuple[int, float]:
+        """(micro-batches of the busiest worker, step seconds) at `workers` and global batch `batch`."""
         micro_batches = math.ceil(VIRTUAL_NODES / workers)
-        return micro_batches, micro_batches * self.compute_s + (self.sync_s if workers > 1 else 0.0)
+        return micro_batches, micro_batches * self.micro_batch_s(batch) + (
+            self.sync_s if workers > 1 else 0.0
+        )
 
 
-def _report(model: TrainerModel, workers: int, step: float) -> dict[str, object]:
-    micro_batches, step_s = model.step_shape(workers)
+def _report(model: TrainerModel, workers: int, step: float, batch: int) -> dict[str, object]:
+    micro_batches, step_s = model.step_shape(workers, batch)
     return {
         "step": int(step),
-        "samples": int(step) * GLOBAL_BATCH,
+        "samples": int(step) * batch,
         "loss": model.loss(step),
-        "samplesPerSecond": GLOBAL_BATCH / step_s,
+        "samplesPerSecond": batch / step_s,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "eval": None,
         "worldSize": workers,
-        "microBatch": GLOBAL_BATCH // VIRTUAL_NODES,
+        "microBatch": batch // VIRTUAL_NODES,
         "accumulationSteps": micro_batches - 1,
         "stepSeconds": step_s,
-        "computeSeconds": model.compute_s,
-        "communicationSeconds": step_s - micro_batches * model.compute_s,
-        "noiseScale": None,
+        "computeSeconds": model.micro_batch_s(batch),
+        "communicationSeconds": step_s - micro_batches * model.micro_batch_s(batch),
+        "noiseScale": model.noise_scale,
         "rescalePauseSeconds": 1.0,
     }
+
+
+def _batch_of(pod: Any) -> int:
+    """The global batch the operator gave a worker (its annotation), as the real trainer reads it."""
+    return int((pod.metadata.annotations or {}).get(contract.ANNOTATION_GLOBAL_BATCH_SIZE) or GLOBAL_BATCH)
 
 
 @contextmanager
@@ -82,8 +96,9 @@ def fake_trainers(kube: Kube, namespace: str, models: dict[str, TrainerModel]) -
                 running = sorted(workers(kube, namespace, name), key=lambda p: p.metadata.name)
                 if not running:
                     continue
-                steps[name] += 1.0 / model.step_shape(len(running))[1]
-                body = json.dumps(_report(model, len(running), steps[name]))
+                batch = _batch_of(running[0])
+                steps[name] += 1.0 / model.step_shape(len(running), batch)[1]
+                body = json.dumps(_report(model, len(running), steps[name], batch))
                 annotations = {contract.ANNOTATION_PROGRESS: body}
                 try:
                     kube.core.patch_namespaced_pod(
@@ -109,13 +124,18 @@ def _run(
     tmp_path: Path,
     policy: str,
     models: dict[str, TrainerModel],
+    shapes: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, int]:
     """Both jobs under `policy` until the sizes hold still for 20 s; returns them."""
     gpu_nodes.add(3, NODES)
     log = tmp_path / "operator.log"
     with running_operator(plane, namespace, gpu_nodes.selector, log, "--policy", policy) as operator:
         for name in models:
-            shape = {"virtualNodes": VIRTUAL_NODES, "globalBatchSize": GLOBAL_BATCH}
+            shape = {
+                "virtualNodes": VIRTUAL_NODES,
+                "globalBatchSize": GLOBAL_BATCH,
+                **(shapes or {}).get(name, {}),
+            }
             create_job(kube, namespace, job_manifest(name, 1, 12, gpu_nodes.selector, **shape))
         with fake_trainers(kube, namespace, models):
             history: list[dict[str, int]] = []
@@ -169,3 +189,39 @@ def test_quality_gives_the_job_still_learning_more_gpus(
     }
     sizes = _run(kube, control_plane, namespace, gpu_nodes, tmp_path, "quality", models)
     assert sizes["learning"] > 6 > sizes["converged"] >= 1, sizes
+
+
+def test_goodput_raises_the_batch_of_a_job_that_allows_it(
+    kube: Kube, control_plane: ControlPlane, namespace: str, gpu_nodes: GpuNodes, tmp_path: Path
+) -> None:
+    """Two sync-bound jobs (1 s sync per step, cheap samples) whose gradients are noisy (noise scale
+    50,000 samples: a 4x larger batch keeps ~99 % statistical efficiency). `adaptive` lets the policy
+    raise B up to 4x (spec.maxGlobalBatchSize, adascale): a larger batch trains more samples per sync,
+    so goodput raises it, writes it to status and to every worker's annotation (which the fake
+    trainer reads back, as the real one does through its file). `fixed` keeps its B untouched."""
+    model = TrainerModel(
+        compute_s=0.01, sync_s=1.0, loss=_slow_loss, per_sample_s=0.0005, noise_scale=50_000.0
+    )
+    adaptive = {"maxGlobalBatchSize": 4 * GLOBAL_BATCH, "lrScaling": "adascale"}
+    _run(
+        kube,
+        control_plane,
+        namespace,
+        gpu_nodes,
+        tmp_path,
+        "goodput",
+        {"adaptive": model, "fixed": model},
+        shapes={"adaptive": adaptive},
+    )
+    chosen = status(kube, namespace, "adaptive").get("globalBatchSize")
+    assert chosen is not None and GLOBAL_BATCH < chosen <= 4 * GLOBAL_BATCH and chosen % VIRTUAL_NODES == 0
+    wait_for(
+        lambda: all(_batch_of(p) == chosen for p in workers(kube, namespace, "adaptive")) or None,
+        30,
+        "every adaptive worker annotated with the chosen batch",
+    )
+    assert "globalBatchSize" not in status(kube, namespace, "fixed")
+    assert all(
+        contract.ANNOTATION_GLOBAL_BATCH_SIZE not in (p.metadata.annotations or {})
+        for p in workers(kube, namespace, "fixed")
+    )
