@@ -18,6 +18,15 @@ every launcher joins a round of the new store. A launcher that needs a round whi
 waits for it there. A store not back within ``--store-loss-timeout`` of its loss raises
 :class:`StoreLost`.
 
+**Joining under load.** Torch's rendezvous loop names every step it records with
+``dynamic_rendezvous.get_method_name``, which calls ``inspect.stack()`` twice: that resolves the source
+file of every frame by scanning ``sys.modules`` (python/cpython#92041), tens of milliseconds in a
+process that imported torch, several times per loop pass. On a 2-core machine running six launchers
+beside other work, a pass then took longer than the 3 s heartbeat budget, so the joining nodes kept
+declaring each other dead and re-adding themselves: six launchers that had all joined never formed
+their world (found by the trainer tier's six-worker test beside another suite; py-spy put ~90 % of
+their time there). This module replaces it with the same answer read from the frame itself.
+
 Invariants: generation numbers only increase over the job's life, whatever store hands them out
 (before joining a round, each node raises the store's counter to the newest generation it ran, and
 the round's rank 0 takes the next number after all members have); nothing the old store held is
@@ -31,6 +40,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -45,7 +55,7 @@ from torch.distributed import (  # type: ignore[attr-defined]
     Store,
     TCPStore,
 )
-from torch.distributed.elastic.rendezvous import RendezvousHandler
+from torch.distributed.elastic.rendezvous import RendezvousHandler, dynamic_rendezvous
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousConnectionError,
     RendezvousError,
@@ -71,6 +81,18 @@ PROBE_TIMEOUT = 1.0
 PROBE_INTERVAL = 0.5
 # Connecting a client once a probe succeeded: the address answers, so this is only the handshake.
 CONNECT_TIMEOUT = 10.0
+
+
+def method_name(depth: int = 2) -> str:
+    """What torch's ``dynamic_rendezvous.get_method_name(depth)`` returns, the name of the function
+    ``depth`` frames up, read from the frame instead of ``inspect.stack()`` (see the module docstring)."""
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:
+        return "no_method_name"
+
+
+dynamic_rendezvous.get_method_name = method_name
 
 
 class StoreLost(Exception):
