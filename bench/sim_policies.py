@@ -1,13 +1,16 @@
 """Simulator acceptance bench: every policy on 200 jobs / 512 GPUs with spot preemptions, over several seeds.
 
     .venv/bin/python bench/sim_policies.py [--seeds 5] [--jobs 200] [--gpus 512] [--load 2.0]
-        [--elastic-max-factor 1]
+        [--elastic-max-factor 1] [--adaptive-batch-fraction 0] [--max-batch-factor 0]
+        [--noise-scale-range 0.25:16] [--policy P ...]
 
 Half the nodes are spot, each preempted at 0.05 per node-hour (5 % of spot nodes per hour) and
 replaced after 15 minutes. Prints each policy's average JCT and mean normalised loss at the cutoff
 (mean +- standard deviation across seeds) and the per-seed ratios the issue asks for:
 goodput/static and goodput/restart average JCT (targets <= 0.6 and <= 0.8) and quality/fair mean
-normalised loss (target < 1). Writes bench/results/sim_policies.json.
+normalised loss (target < 1), for the policies run (`--policy`, repeatable; default all). Prints
+the 1-minute load average before and after (the machine may be shared). Writes
+bench/results/sim_policies[_maxFx][_abF_mbM_phiLO-HI].json.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from pathlib import Path
 
 from ebbflow_operator.sim.allocation import POLICIES
+from ebbflow_operator.sim.cli import ratio_range
 from ebbflow_operator.sim.cluster import ClusterConfig
 from ebbflow_operator.sim.engine import SimConfig, simulate
 from ebbflow_operator.sim.trace import TraceConfig, generate
@@ -30,10 +34,25 @@ def one_seed(seed: int, args: argparse.Namespace) -> dict[str, dict[str, float |
     cluster = ClusterConfig(gpus=args.gpus, gpus_per_node=8, spot_fraction=0.5, preempt_rate_per_hour=0.05)
     config = SimConfig(cluster=cluster, seed=seed)
     trace = TraceConfig(
-        jobs=args.jobs, gpus=args.gpus, load=args.load, elastic_max_factor=args.elastic_max_factor
+        jobs=args.jobs,
+        gpus=args.gpus,
+        load=args.load,
+        elastic_max_factor=args.elastic_max_factor,
+        adaptive_batch_fraction=args.adaptive_batch_fraction,
+        max_batch_factor=args.max_batch_factor,
+        noise_ratio=args.noise_scale_range,
     )
     jobs = generate(trace, seed)
-    return {policy: simulate(jobs, policy, config).summary() for policy in POLICIES}
+    return {policy: simulate(jobs, policy, config).summary() for policy in args.policy or POLICIES}
+
+
+def _suffix(args: argparse.Namespace) -> str:
+    """The results file's name beyond `sim_policies` (none for the default configuration)."""
+    suffix = "" if args.elastic_max_factor == 1 else f"_max{args.elastic_max_factor}x"
+    if args.adaptive_batch_fraction > 0:
+        low, high = args.noise_scale_range
+        suffix += f"_ab{args.adaptive_batch_fraction:g}_mb{args.max_batch_factor}_phi{low:g}-{high:g}"
+    return suffix
 
 
 def spread(values: list[float]) -> str:
@@ -48,7 +67,12 @@ def main() -> None:
     p.add_argument("--gpus", type=int, default=512)
     p.add_argument("--load", type=float, default=2.0)
     p.add_argument("--elastic-max-factor", type=int, default=1, help="max workers = requested x this")
+    p.add_argument("--adaptive-batch-fraction", type=float, default=0.0, help="jobs with maxGlobalBatchSize")
+    p.add_argument("--max-batch-factor", type=int, default=0, help="their max B = B0 x this (0: max factor)")
+    p.add_argument("--noise-scale-range", type=ratio_range, default=(0.25, 16.0), help="phi / B0, LOW:HIGH")
+    p.add_argument("--policy", action="append", choices=POLICIES, help="repeatable; default: all")
     args = p.parse_args()
+    print(f"load average before: {Path('/proc/loadavg').read_text().strip()}")
     started = time.perf_counter()
     runs = {}
     for seed in range(args.seeds):
@@ -58,30 +82,23 @@ def main() -> None:
     def column(policy: str, key: str) -> list[float]:
         return [float(runs[s][policy][key]) for s in runs]
 
-    for policy in POLICIES:
+    ran = args.policy or POLICIES
+    for policy in ran:
         jct, loss = column(policy, "avg_jct_s"), column(policy, "mean_normalized_loss_at_end")
         print(f"{policy:8s} avg JCT {spread(jct)} s   loss at cutoff {spread(loss)}")
-    ratios = {
-        "goodput/static avg JCT": [
-            g / s for g, s in zip(column("goodput", "avg_jct_s"), column("static", "avg_jct_s"), strict=True)
-        ],
-        "goodput/restart avg JCT": [
-            g / r for g, r in zip(column("goodput", "avg_jct_s"), column("restart", "avg_jct_s"), strict=True)
-        ],
-        "quality/fair mean normalised loss": [
-            q / f
-            for q, f in zip(
-                column("quality", "mean_normalized_loss_at_end"),
-                column("fair", "mean_normalized_loss_at_end"),
-                strict=True,
-            )
-        ],
-    }
+    ratios = {}
+    for name, top, bottom, key in (
+        ("goodput/static avg JCT", "goodput", "static", "avg_jct_s"),
+        ("goodput/restart avg JCT", "goodput", "restart", "avg_jct_s"),
+        ("quality/fair mean normalised loss", "quality", "fair", "mean_normalized_loss_at_end"),
+    ):
+        if top in ran and bottom in ran:
+            ratios[name] = [t / b for t, b in zip(column(top, key), column(bottom, key), strict=True)]
     for name, values in ratios.items():
         print(f"{name}: {spread(values)}  (per seed: {', '.join(f'{v:.3f}' for v in values)})")
     print(f"wall {time.perf_counter() - started:.1f} s")
-    suffix = "" if args.elastic_max_factor == 1 else f"_max{args.elastic_max_factor}x"
-    out = REPO / "bench" / "results" / f"sim_policies{suffix}.json"
+    print(f"load average after: {Path('/proc/loadavg').read_text().strip()}")
+    out = REPO / "bench" / "results" / f"sim_policies{_suffix(args)}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "runs": runs, "ratios": ratios}, indent=2))
 

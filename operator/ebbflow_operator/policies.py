@@ -1,6 +1,8 @@
 """Goodput (Pollux) and quality (SLAQ) allocation policies. Pure: demands, free GPUs, metrics -> counts.
 
-Both satisfy `allocator.Policy` (`allocate(demands, free)`); what the protocol does not carry -
+Both satisfy `allocator.Policy` (`allocate(demands, free)`); the goodput policy's `decide` also
+returns the global batch B it chose for each job that allows batch adaptation (`JobMetrics.max_batch`;
+a job without it keeps B0 and is allocated exactly as before). What the protocol does not carry -
 each job's measurements (`JobMetrics`, keyed by the same JobKey), the nodes' physical GPUs
 (`NodeDevices`) and the pass's clock - is given at construction, so the operator builds one per
 pass (a frozen dataclass; cheap). Jobs without metrics use the priors.
@@ -63,7 +65,7 @@ class NodeDevices:
 class JobMetrics:
     """What the trainers reported for one job (all optional but the batch shape)."""
 
-    global_batch: int
+    global_batch: int  # B0: the spec's globalBatchSize (the batch the learning rate was tuned for)
     virtual_nodes: int
     measurements: tuple[Measurement, ...] = ()
     noise_scale: float | None = None  # gradient noise scale phi
@@ -71,10 +73,13 @@ class JobMetrics:
     rescales: int = 0  # how many times the job was resized so far
     losses: tuple[tuple[float, float], ...] = ()  # (step, loss)
     step: float | None = None  # steps done; defaults to the last loss report's step
+    max_batch: int | None = None  # the spec's maxGlobalBatchSize: B may move in [B0, this]; None fixed
 
     def model(self) -> JobModel:
         params = fit_cached(self.measurements) if self.measurements else ThroughputParams.prior()
-        return JobModel(params, self.global_batch, self.virtual_nodes, self.noise_scale)
+        return JobModel(
+            params, self.global_batch, self.virtual_nodes, self.noise_scale, max_batch=self.max_batch
+        )
 
     def steps_done(self) -> float:
         if self.step is not None:
@@ -415,14 +420,26 @@ def _breakpoints(info: Mapping[JobKey, JobMetrics]) -> Breakpoints:
 
 
 @dataclass(frozen=True)
+class Allocation:
+    """One goodput pass's decision: workers per job, and the global batch B chosen for the placement
+    the pass projected, for every job that may change its batch (`JobMetrics.max_batch`) and got
+    workers (B0 while its noise scale is unknown)."""
+
+    counts: dict[JobKey, int]
+    global_batch: dict[JobKey, int]
+
+
+@dataclass(frozen=True)
 class GoodputPolicy:
     """Pollux: maximise the harmonic mean (power mean, p = -1) of speedups over fair share.
 
     A job's speedup at a placement is its goodput there over its goodput at its max-min fair share
-    (packed on as few nodes as possible, no time-slicing); maximising the harmonic mean is
-    minimising the sum of 1/speedup. Any size other than the job's current one is discounted by
+    (packed on as few nodes as possible, no time-slicing), each at the best batch for that placement
+    when the job may change its batch (`JobModel.best`; B0 otherwise); maximising the harmonic mean
+    is minimising the sum of 1/speedup. Any size other than the job's current one is discounted by
     Pollux's restart factor (age - rescales * pause) / (age + pause), age = now - created, so a
-    resize must buy more than its measured pause; a job not yet running pays nothing.
+    resize must buy more than its measured pause; a job not yet running pays nothing. A change of
+    batch alone is not discounted: the trainers switch at a step boundary without re-forming.
     """
 
     metrics: Mapping[JobKey, JobMetrics] = field(default_factory=dict)
@@ -431,6 +448,10 @@ class GoodputPolicy:
     name: str = field(default="goodput")
 
     def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]:
+        return self.decide(demands, free).counts
+
+    def decide(self, demands: Sequence[Demand], free: Mapping[str, int]) -> Allocation:
+        """The counts `allocate` returns and each adaptive job's batch at its projected placement."""
         fair = PriorityFairShare().allocate(demands, free)
         info = _metrics_of(demands, self.metrics)
         # Jobs share their eligible sets (the simulator's are one), so each set's node size is
@@ -450,17 +471,24 @@ class GoodputPolicy:
             if placement.workers <= 0:
                 return -NO_WORKERS_PENALTY
             model, baseline = job(demand)
-            speedup = model.goodput(placement) / baseline
+            speedup = model.best(placement)[0] / baseline
             if placement.workers != len(demand.current_nodes):
                 speedup *= self._restart_factor(demand)
             return -1.0 / speedup if speedup > 0 else -NO_WORKERS_PENALTY
 
-        return _allocate(demands, SlicedPacking(free, self.devices), utility, _breakpoints(info))
+        packing = SlicedPacking(free, self.devices)
+        counts = _allocate(demands, packing, utility, _breakpoints(info))
+        batches = {
+            d.key: job(d)[0].best_batch(packing.placement(d))
+            for d in demands
+            if info[d.key].max_batch is not None and counts[d.key] > 0
+        }
+        return Allocation(counts, batches)
 
     def _baseline(self, demand: Demand, model: JobModel, fair: int, typical_node: int) -> float:
         workers = fair if fair > 0 else max(1, demand.min)
         nodes = math.ceil(workers * max(1, demand.gpus_per_worker) / typical_node)
-        return max(model.goodput(Placement(workers, max(1, nodes))), 1e-12)
+        return max(model.best(Placement(workers, max(1, nodes)))[0], 1e-12)
 
     def _restart_factor(self, demand: Demand) -> float:
         if not demand.current_nodes:

@@ -9,7 +9,7 @@ One optimiser step of a data-parallel job on K workers (Pollux, OSDI'21, eq. 8):
 
 `s` is the number of gradient-accumulation micro-batches before the synchronising one; `gamma` in
 [1, 10] says how much the last backward pass overlaps the sync (1: none, 10: almost fully).
-Ebbflow keeps the global batch B fixed through V virtual nodes of B/V samples: a worker processes
+Ebbflow splits the global batch B into V (fixed) virtual nodes of B/V samples: a worker processes
 ceil(V/K) of them, so m = B/V and s = ceil(V/K) - 1 (`step_shape`); workers beyond V idle.
 
 Time-slicing: a placement's `share` (>= 1) is how many workers share each physical GPU on the
@@ -43,7 +43,10 @@ fitted value is >= 0, so predictions are positive and T_iter never falls when K 
 sync's start.
 
 Goodput = throughput x statistical efficiency E(M) = (phi + M0) / (phi + M) (phi: gradient noise
-scale, M0: the batch the job was tuned for). With the batch fixed (M == M0), E == 1.
+scale, M0: the batch the job was tuned for). With the batch fixed (M == M0), E == 1. A job that
+may change its batch (`JobModel.max_batch`) runs at the candidate B with the most goodput at its
+placement: B0 x powers of two below the max, and the max, all multiples of V (a small grid rather
+than a search: a handful of evaluations per placement, and goodput in B is flat near its optimum).
 """
 
 from __future__ import annotations
@@ -197,26 +200,69 @@ def statistical_efficiency(batch: float, tuned_batch: float, noise_scale: float 
 
 @dataclass(frozen=True)
 class JobModel:
-    """A job's goodput as a function of its placement (samples of tuned-batch progress per second)."""
+    """A job's goodput as a function of its placement and, when `max_batch` is set, of its global
+    batch B (samples of tuned-batch progress per second).
+
+    `global_batch` is B0, the batch the job starts at (the spec's globalBatchSize); with `max_batch`
+    set (the spec's maxGlobalBatchSize, Pollux's batch-size co-adaptation) the job may run at any
+    multiple of V in [B0, max_batch], and `best_batch` picks the one with the most goodput at a
+    placement. Without a noise-scale estimate the efficiency of a larger batch is unknown, so B0 is
+    kept; without `max_batch` every method is the fixed-batch model, float for float.
+    """
 
     params: ThroughputParams
     global_batch: int
     virtual_nodes: int
     noise_scale: float | None = None
     tuned_batch: int | None = None
+    max_batch: int | None = None
 
-    def step_s(self, placement: Placement) -> float:
-        """Seconds per step. The share may count other jobs' workers on a device, which do not leave
-        it when this job's short workers finish, so the split is taken to be even here."""
-        micro, accum = step_shape(self.global_batch, self.virtual_nodes, placement.workers)
+    def step_s(self, placement: Placement, batch: int | None = None) -> float:
+        """Seconds per step at batch `batch` (default B0). The share may count other jobs' workers on
+        a device, which do not leave it when this job's short workers finish, so the split is taken
+        to be even here."""
+        global_batch = self.global_batch if batch is None else batch
+        micro, accum = step_shape(global_batch, self.virtual_nodes, placement.workers)
         return max(self.params.step_s(placement, micro, accum), 1e-9)  # > 0 even for all-zero params
 
-    def goodput(self, placement: Placement) -> float:
+    def goodput(self, placement: Placement, batch: int | None = None) -> float:
+        """throughput x E(B) at batch `batch` (default B0)."""
         if placement.workers <= 0:
             return 0.0
+        global_batch = self.global_batch if batch is None else batch
         tuned = self.tuned_batch if self.tuned_batch is not None else self.global_batch
-        efficiency = statistical_efficiency(self.global_batch, tuned, self.noise_scale)
-        return self.global_batch * efficiency / self.step_s(placement)
+        efficiency = statistical_efficiency(global_batch, tuned, self.noise_scale)
+        return global_batch * efficiency / self.step_s(placement, batch)
+
+    def batch_candidates(self) -> tuple[int, ...]:
+        """The batches `best_batch` weighs: B0 x 1, 2, 4, ... below max, and max itself, each rounded
+        down to a multiple of V (never below B0). Just B0 when B is fixed or phi unknown."""
+        if self.max_batch is None or self.noise_scale is None or self.max_batch <= self.global_batch:
+            return (self.global_batch,)
+        v = max(1, self.virtual_nodes)
+        top = max(self.global_batch, self.max_batch // v * v)
+        out = []
+        batch = self.global_batch
+        while batch < top:
+            out.append(max(self.global_batch, batch // v * v))
+            batch *= 2
+        return (*dict.fromkeys(out), top)
+
+    def best_batch(self, placement: Placement) -> int:
+        """The candidate batch with the most goodput at `placement` (the smallest on ties; B0 with
+        no workers)."""
+        return self.best(placement)[1]
+
+    def best(self, placement: Placement) -> tuple[float, int]:
+        """(goodput, batch) at the best candidate batch for `placement`."""
+        found = (self.goodput(placement), self.global_batch)
+        if placement.workers <= 0:
+            return found
+        for batch in self.batch_candidates()[1:]:
+            value = self.goodput(placement, batch)
+            if value > found[0]:
+                found = (value, batch)
+        return found
 
 
 # --- fitting -------------------------------------------------------------------------------------

@@ -49,15 +49,20 @@ def demand(state: JobState, eligible: frozenset[str]) -> Demand:
 
 def metrics(state: JobState, rescale_pause_s: float, speeds: Mapping[str, float]) -> JobMetrics:
     """What the trainers of this job have reported so far (see `JobState.measure`, `report_loss`),
-    each measurement carrying its GPU type's learned speed, as `History.metrics` gives the policies."""
+    each measurement carrying its GPU type's learned speed, as `History.metrics` gives the policies.
+    A job that allows batch adaptation (which needs AdaScale, whose trainers estimate the gradient
+    noise) reports its true noise scale; the others none."""
+    adaptive = state.job.max_batch > 0
     return JobMetrics(
         global_batch=state.job.global_batch,
         virtual_nodes=state.job.virtual_nodes,
         measurements=state.reported(speeds),
+        noise_scale=state.job.noise_scale if adaptive else None,
         rescale_pause_s=rescale_pause_s,
         rescales=state.rescales,
         losses=tuple(state.losses),
         step=state.steps,
+        max_batch=state.job.max_batch if adaptive else None,
     )
 
 

@@ -62,6 +62,18 @@ def _gpu_types(raw: str) -> tuple[GpuType, ...]:
     return tuple(types)
 
 
+def ratio_range(raw: str) -> tuple[float, float]:
+    """``LOW:HIGH`` with 0 < LOW <= HIGH."""
+    low, _, high = raw.partition(":")
+    try:
+        bounds = float(low), float(high)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not LOW:HIGH, e.g. 0.25:16") from None
+    if not 0.0 < bounds[0] <= bounds[1] < float("inf"):
+        raise argparse.ArgumentTypeError(f"{raw!r}: need 0 < LOW <= HIGH")
+    return bounds
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ebbflow-sim", description=__doc__.split("\n")[0])
     add = p.add_argument
@@ -94,6 +106,24 @@ def parser() -> argparse.ArgumentParser:
         help="generator: an elastic job's max is this times the size it requests (the rigid "
         "baselines' size); 1: elastic jobs can only shrink",
     )
+    add(
+        "--adaptive-batch-fraction",
+        type=_number(float, 0.0, 1.0),
+        default=0.0,
+        help="generator: fraction of jobs that set maxGlobalBatchSize (goodput may change their batch)",
+    )
+    add(
+        "--max-batch-factor",
+        type=_number(int, 0),
+        default=0,
+        help="generator: such a job's max batch is B0 x this (a multiple of V); 0: --elastic-max-factor",
+    )
+    add(
+        "--noise-scale-range",
+        type=ratio_range,
+        default=(0.25, 16.0),
+        help="LOW:HIGH, generator: each job's gradient noise scale / B0, log-uniform (default 0.25:16)",
+    )
     add("--rescale-pause-s", type=_number(float, 0.0), default=5.0)
     add("--restart-s", type=_number(float, 0.0), default=60.0, help="cost of a restart from checkpoint")
     add("--checkpoint-s", type=_number(float, 1.0), default=1800.0, help="checkpoint interval")
@@ -109,7 +139,13 @@ def parser() -> argparse.ArgumentParser:
 def _jobs(args: argparse.Namespace, p: argparse.ArgumentParser) -> list[SimJob]:
     if args.trace is None:
         trace = TraceConfig(
-            jobs=args.jobs, gpus=args.gpus, load=args.load, elastic_max_factor=args.elastic_max_factor
+            jobs=args.jobs,
+            gpus=args.gpus,
+            load=args.load,
+            elastic_max_factor=args.elastic_max_factor,
+            adaptive_batch_fraction=args.adaptive_batch_fraction,
+            max_batch_factor=args.max_batch_factor,
+            noise_ratio=args.noise_scale_range,
         )
         return generate(trace, args.seed)
     try:

@@ -4,10 +4,12 @@ Events: arrivals, completions (computed from each running job's rate), node pree
 additions, a loss snapshot at the cutoff, and allocation passes. A pass runs after any event that
 changes demand or capacity (coalesced over `debounce_s`, like the operator's debounce) and at least
 every `tick_s` while jobs remain (the operator's resync). A pass calls the policy's `allocate()`
-with the demands `allocation.demand` builds, places the counts (`Placer`) and charges:
+(goodput: `decide()`, which also chooses the batch of the jobs that allow it) with the demands
+`allocation.demand` builds, places the counts (`Placer`), applies the batches and charges:
 - a resize of a running job (count or nodes changed): `rescale_pause_s` without progress (the
   trainer's measured pause is 1.4-6 s; 5 s by default), counted in `rescales`;
 - a (re)start after losing every worker: `restart_s` (pods rescheduled, checkpoint loaded);
+- a change of a running job's global batch (goodput, jobs with `max_batch`): nothing (`_rebatch`);
 - a preemption: rigid jobs lose every worker and roll back to their last checkpoint; elastic jobs
   lose the preempted node's workers and pause once, unless fewer than min survive (then they
   stop: survivors hand over a checkpoint; none left rolls back).
@@ -24,7 +26,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..policies import NodeDevices
+from ..model import JobKey
+from ..policies import GoodputPolicy, NodeDevices
 from ..throughput import Placement, compute_speeds
 from .allocation import ELASTIC, POLICIES, Placer, demand, elastic_policy, key_of, rigid_allocate
 from .cluster import ClusterConfig, initial_nodes, lifetime_s, node_type, replacement
@@ -102,6 +105,7 @@ class Simulation:
         # worked out for: kept by `_changed`, which runs after every change of anyone's workers.
         self.running: list[JobState] = []
         self.rated: dict[str, list[str]] = {}
+        self.rebatched: set[str] = set()  # running jobs whose batch changed since they were rated
         # When each running job would finish, as worked out when it was last rated: a heap of
         # (finish time, arrival order, version, job); an entry whose version is not the job's is stale.
         self.finishing: list[tuple[float, int, int, str]] = []
@@ -278,18 +282,34 @@ class Simulation:
         # What the operator knows of the GPU types: the speeds it learns from the jobs' measurements.
         speeds = compute_speeds(tuple(s.shapes.values()) for s in states) if elastic else {}
         devices = {n: self._devices(n, spot and elastic, speeds) for n, spot in self.nodes.items()}
+        batches: dict[JobKey, int] = {}
         if self.policy in ELASTIC:
             pause = self.config.rescale_pause_s
             policy = elastic_policy(self.policy, states, devices, self.now, pause, speeds)
-            counts = policy.allocate(demands, free)
+            if isinstance(policy, GoodputPolicy):
+                decision = policy.decide(demands, free)
+                counts, batches = decision.counts, decision.global_batch
+            else:
+                counts = policy.allocate(demands, free)
         else:
             counts = rigid_allocate(self.policy, states, demands, free)
         placed = Placer(free, devices).apply(demands, counts)
         changed = False
         for state in states:
             changed |= self._move(state, placed[key_of(state)])
+            changed |= self._rebatch(state, batches.get(key_of(state)))
         if changed:
             self._changed()
+
+    def _rebatch(self, state: JobState, batch: int | None) -> bool:
+        """Applies the batch the policy chose for a running job. Free: the trainers switch together
+        at a step boundary without re-forming (the choice travels in the step's collective), so it
+        costs at most the step in flight, which the simulator does not charge."""
+        if batch is None or batch == state.batch or not state.workers:
+            return False
+        state.batch = batch
+        self.rebatched.add(state.job.name)
+        return True
 
     def _devices(self, node: str, spot: bool, speeds: dict[str, float]) -> NodeDevices:
         name = node_type(self.config.cluster, node).name
@@ -340,10 +360,15 @@ class Simulation:
             self.finish_version.pop(state.job.name, None)
         self.running = running
         for state in running:
-            if state.workers != rated.get(state.job.name) or not moved.isdisjoint(state.workers):
+            if (
+                state.workers != rated.get(state.job.name)
+                or not moved.isdisjoint(state.workers)
+                or state.job.name in self.rebatched
+            ):
                 self._rate(state)
                 rated[state.job.name] = list(state.workers)
                 self._expect(state)
+        self.rebatched.clear()
         self._account()
 
     def _expect(self, state: JobState) -> None:
@@ -362,8 +387,9 @@ class Simulation:
         # Synchronous training runs at the pace of its slowest GPU type.
         placement = Placement(len(state.workers), len(distinct), share, min(t.speed for t in types))
         model = state.job.model()
-        state.rate = model.goodput(placement)
-        state.measure(placement, model.step_s(placement), types.pop().name if len(types) == 1 else "")
+        state.rate = model.goodput(placement, state.batch)
+        step_s = model.step_s(placement, state.batch)
+        state.measure(placement, step_s, types.pop().name if len(types) == 1 else "")
 
     def _account(self) -> None:
         physical = self.devices.physical

@@ -1,11 +1,13 @@
 """One simulated job's mutable state: progress, checkpoints, workers, and what its trainers would report.
 
-Progress is in samples; a job runs at its true goodput (`SimJob.model()`) at its current placement,
-except while paused (a rescale or a restart), when it holds its GPUs and makes no progress.
-Checkpoints are taken every `checkpoint_s` seconds of active (unpaused) time; losing every worker
-rolls progress back to the last one. Reports mirror the trainers' contract: one throughput
-measurement per distinct shape the job ran at, and (step, loss) points at geometric step
-milestones (so the history is short and starts at step 0, as the loss fit needs).
+Progress is in samples at the job's starting batch B0's statistical efficiency; a job runs at its
+true goodput (`SimJob.model()`) at its current placement and batch `batch` (B0 unless the goodput
+policy chose another for a job that allows it), except while paused (a rescale or a restart), when
+it holds its GPUs and makes no progress. Checkpoints are taken every `checkpoint_s` seconds of
+active (unpaused) time; losing every worker rolls progress back to the last one. Reports mirror
+the trainers' contract: one throughput measurement per distinct shape (and batch) the job ran at,
+and (step, loss) points at geometric step milestones (so the history is short and starts at step 0,
+as the loss fit needs).
 """
 
 from __future__ import annotations
@@ -36,13 +38,18 @@ class JobState:
     preemptions: int = 0
     lost_samples: float = 0.0  # work thrown away by roll-backs
     lost_state: bool = False  # the next start restores a checkpoint (pays the restart cost)
-    shapes: dict[tuple[int, int, float, str], Measurement] = field(default_factory=dict)
+    batch: int = 0  # the global batch B it trains at (0: the job's B0, set on creation)
+    shapes: dict[tuple[int, int, float, int, str], Measurement] = field(default_factory=dict)
     losses: list[tuple[float, float]] = field(default_factory=list)
     next_report: float = 0.0
     _reported: tuple[object, tuple[Measurement, ...]] | None = field(default=None, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        self.batch = self.batch or self.job.global_batch
+
     @property
     def steps(self) -> float:
+        """Steps at B0 (progress counts samples at B0's efficiency, whatever B the job ran at)."""
         return self.progress / self.job.global_batch
 
     @property
@@ -117,10 +124,10 @@ class JobState:
         return self._reported[1]
 
     def measure(self, placement: Placement, step_s: float, gpu_type: str = "") -> None:
-        """Records what the trainers report at this placement (the true model, no noise), on GPUs of
-        `gpu_type` ("" when the job's nodes mix types)."""
-        micro, accum = step_shape(self.job.global_batch, self.job.virtual_nodes, placement.workers)
-        key = (placement.workers, placement.nodes, placement.share, gpu_type)
+        """Records what the trainers report at this placement and the job's batch (the true model, no
+        noise), on GPUs of `gpu_type` ("" when the job's nodes mix types)."""
+        micro, accum = step_shape(self.batch, self.job.virtual_nodes, placement.workers)
+        key = (placement.workers, placement.nodes, placement.share, self.batch, gpu_type)
         if key in self.shapes:
             return
         compute = self.job.params.compute_s(micro) * slowdown(placement.share) / placement.speed

@@ -8,8 +8,11 @@ over GPU-seconds available during the arrival window), so a trace stresses any c
 Each job carries its *true* models, which the engine uses to advance it and which the policies only
 see through reports: a Pollux throughput model (`ThroughputParams`; compute and sync costs drawn
 per job, so jobs scale differently) and a normalised loss curve loss(k) = b / (k + b) (1 at step 0,
-halved after b steps). Invariants: the same config and seed give the same jobs; CSV round-trips
-exactly (floats written with repr).
+halved after b steps). A job may also allow batch adaptation (`max_batch`, the spec's
+maxGlobalBatchSize) and carries a gradient noise scale phi; its work is counted in samples at its
+starting batch's statistical efficiency. Invariants: the same config and seed give the same jobs;
+the batching options leave every other field of the trace unchanged; CSV round-trips exactly
+(floats written with repr).
 """
 
 from __future__ import annotations
@@ -61,6 +64,10 @@ class SimJob:
     # What the user would run without elasticity (0: max_workers): the rigid baselines' fixed size,
     # trained with one virtual node per worker (see `rigid`).
     requested_workers: int = 0
+    noise_scale: float = 0.0  # gradient noise scale phi (read only when max_batch is set)
+    # The spec's maxGlobalBatchSize (0: unset, B fixed): the goodput policy may run the job at any
+    # multiple of V in [global_batch, max_batch]; progress is counted at global_batch's efficiency.
+    max_batch: int = 0
 
     def rigid(self) -> SimJob:
         """The job as `static` and `restart` run it: at most its requested size, V = that size."""
@@ -71,6 +78,7 @@ class SimJob:
             max_workers=requested,
             virtual_nodes=requested,
             requested_workers=requested,
+            max_batch=0,  # the rigid baselines run no goodput policy: B stays fixed
         )
 
     @property
@@ -86,7 +94,12 @@ class SimJob:
         )
 
     def model(self) -> JobModel:
-        return JobModel(self.params, self.global_batch, self.virtual_nodes)
+        """The true model; a job that may change its batch carries its noise scale and max."""
+        if not self.max_batch:
+            return JobModel(self.params, self.global_batch, self.virtual_nodes)
+        return JobModel(
+            self.params, self.global_batch, self.virtual_nodes, self.noise_scale, max_batch=self.max_batch
+        )
 
     @property
     def loss(self) -> LossCurve:
@@ -114,10 +127,22 @@ class TraceConfig:
     # splits into max virtual nodes. 1: elastic jobs can only shrink below what they asked for.
     elastic_max_factor: int = 1
     priorities: int = 1  # levels 0..priorities-1, uniform
+    # Batch adaptation (Pollux): this fraction of the jobs set maxGlobalBatchSize = B0 x
+    # max_batch_factor (0: elastic_max_factor, which keeps the micro-batch at max size the 32 samples
+    # the user ran per GPU). Every job's noise scale is drawn log-uniform with phi / B0 in
+    # noise_ratio (an assumption; docs/simulator.md). Both from their own random stream, so the
+    # rest of the trace does not depend on them.
+    adaptive_batch_fraction: float = 0.0
+    max_batch_factor: int = 0
+    noise_ratio: tuple[float, float] = (0.25, 16.0)
 
     def __post_init__(self) -> None:
         if self.elastic_max_factor not in (1, 2, 4, 8, 16, 32):
             raise ValueError(f"elastic_max_factor {self.elastic_max_factor}: choose 1, 2, 4, 8, 16 or 32")
+        if not 0.0 <= self.adaptive_batch_fraction <= 1.0 or self.max_batch_factor < 0:
+            raise ValueError("adaptive_batch_fraction must be in [0, 1] and max_batch_factor >= 0")
+        if not 0.0 < self.noise_ratio[0] <= self.noise_ratio[1]:
+            raise ValueError(f"noise_ratio {self.noise_ratio}: need 0 < low <= high")
 
 
 def _size(rnd: random.Random) -> int:
@@ -156,10 +181,24 @@ def _job(rnd: random.Random, index: int, config: TraceConfig) -> SimJob:
     return replace(partial, work_samples=work, loss_b=steps * rnd.uniform(0.05, 0.5))
 
 
+def _batching(job: SimJob, rnd: random.Random, config: TraceConfig) -> SimJob:
+    """The job's noise scale and, for `adaptive_batch_fraction` of the jobs, its max batch (a
+    multiple of V). Both draws are made for every job, so the fraction changes nothing else."""
+    low, high = config.noise_ratio
+    phi = job.global_batch * math.exp(rnd.uniform(math.log(low), math.log(high)))
+    adaptive = rnd.random() < config.adaptive_batch_fraction
+    factor = config.max_batch_factor or config.elastic_max_factor
+    top = job.global_batch * factor // job.virtual_nodes * job.virtual_nodes
+    max_batch = top if adaptive and top > job.global_batch else 0
+    return replace(job, noise_scale=phi, max_batch=max_batch)
+
+
 def generate(config: TraceConfig, seed: int) -> list[SimJob]:
     """`config.jobs` jobs with Poisson arrivals at the rate that offers `config.load`."""
     rnd = random.Random(seed)
     jobs = [_job(rnd, i, config) for i in range(config.jobs)]
+    batching = random.Random(f"batching-{seed}")
+    jobs = [_batching(job, batching, config) for job in jobs]
     gpu_seconds = sum(j.rigid().max_workers * j.gpus_per_worker * j.work_samples / _rate(j) for j in jobs)
     window = gpu_seconds / (config.load * max(1, config.gpus))
     rate = len(jobs) / window if window > 0 else 1.0
@@ -187,8 +226,10 @@ _INTS = {
     "virtual_nodes",
     "priority",
     "requested_workers",
+    "max_batch",
 }
-OPTIONAL = {"requested_workers"}  # traces written before it existed: the rigid size is max_workers
+# Columns traces written before them lack: the rigid size is max_workers, B is fixed.
+OPTIONAL = {"requested_workers", "noise_scale", "max_batch"}
 
 
 def write_csv(jobs: Iterable[SimJob]) -> str:
@@ -245,3 +286,5 @@ def _check(job: SimJob, line: int) -> None:
         raise ValueError(f"trace CSV line {line}: need requested_workers <= max_workers (0: max_workers)")
     if job.global_batch < 1 or job.virtual_nodes < 1 or job.loss_b <= 0 or job.gpus_per_worker < 0:
         raise ValueError(f"trace CSV line {line}: global_batch, virtual_nodes, loss_b must be > 0")
+    if job.max_batch and job.max_batch < job.global_batch:  # the policy rounds it down to a multiple of V
+        raise ValueError(f"trace CSV line {line}: max_batch must be 0 or >= global_batch")

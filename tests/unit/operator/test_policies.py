@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 import pytest
 from ebbflow_operator.allocator import Demand, Policy, PriorityFairShare
@@ -177,6 +178,58 @@ def test_goodput_rescale_penalty(rescales: int, age: float, expected: int) -> No
     job_metrics = {("ns", "a"): metrics(rescales=rescales, rescale_pause_s=60.0)}
     running = make_demand("a", 1, 16, created=NOW - age, current=("n0",) * 4)
     assert run(GoodputPolicy, [running], NODES4, metrics=job_metrics, now=NOW) == {"a": expected}
+
+
+# --- goodput: batch-size co-adaptation (JobMetrics.max_batch) -------------------------------------
+
+
+def batching(truth: ThroughputParams, noise: float | None, max_batch: int | None) -> JobMetrics:
+    return replace(metrics(truth), noise_scale=noise, max_batch=max_batch)
+
+
+@pytest.mark.parametrize(
+    ("job", "workers", "batch"),
+    [
+        pytest.param(batching(SCALES_WELL, None, None), 16, None, id="fixed B: no batch chosen"),
+        pytest.param(batching(SCALES_WELL, None, 4096), 16, 512, id="phi unknown: B0"),
+        pytest.param(batching(SCALES_WELL, 1.0, 4096), 16, 512, id="phi small: B0"),
+        pytest.param(batching(SCALES_WELL, 4096.0, 4096), 16, 1024, id="phi large: larger B"),
+        pytest.param(batching(SCALES_WELL, 1e6, 4096), 16, 4096, id="phi huge: max"),
+        pytest.param(batching(SCALES_WELL, 1e6, 512), 16, 512, id="max == B0"),
+        pytest.param(batching(SYNC_BOUND, None, None), 4, None, id="sync-bound, fixed: one node"),
+        pytest.param(batching(SYNC_BOUND, 512.0, 4096), 4, 512, id="sync-bound, phi moderate: as fixed"),
+        pytest.param(batching(SYNC_BOUND, 4096.0, 4096), 13, 4096, id="sync-bound, phi large: grows, max B"),
+    ],
+)
+def test_goodput_decides_count_and_batch(job: JobMetrics, workers: int, batch: int | None) -> None:
+    policy = GoodputPolicy(metrics={("ns", "a"): job}, now=NOW)
+    decision = policy.decide([make_demand("a", 1, 16)], NODES4)
+    assert decision.counts == policy.allocate([make_demand("a", 1, 16)], NODES4) == {("ns", "a"): workers}
+    assert decision.global_batch == ({} if batch is None else {("ns", "a"): batch})
+
+
+def test_goodput_batch_adaptation_leaves_a_fixed_batch_job_as_it_was() -> None:
+    """Next to jobs that may change B, a fixed-B job's share moves only through the others' choices;
+    with no noise estimate an adaptive job is allocated exactly as if its B were fixed."""
+    demands = [make_demand("fixed", 1, 16, created=1), make_demand("other", 1, 16, created=2)]
+    fixed = metrics(SYNC_BOUND)
+    unknown = {("ns", "fixed"): fixed, ("ns", "other"): batching(SYNC_BOUND, None, 4096)}
+    plain = {("ns", "fixed"): fixed, ("ns", "other"): fixed}
+    assert run(GoodputPolicy, demands, NODES4, metrics=unknown, now=NOW) == run(
+        GoodputPolicy, demands, NODES4, metrics=plain, now=NOW
+    )
+    large = {("ns", "fixed"): fixed, ("ns", "other"): batching(SYNC_BOUND, 4096.0, 4096)}
+    decision = GoodputPolicy(metrics=large, now=NOW).decide(demands, NODES4)
+    assert decision.counts == {("ns", "fixed"): 4, ("ns", "other"): 11}
+    assert decision.global_batch == {("ns", "other"): 4096}
+
+
+def test_goodput_chooses_no_batch_for_a_job_left_without_workers() -> None:
+    demands = [make_demand("big", 16, 16, created=1), make_demand("late", 4, 8, created=2)]
+    job_metrics = {d.key: batching(SCALES_WELL, 1e6, 4096) for d in demands}
+    decision = GoodputPolicy(metrics=job_metrics, now=NOW).decide(demands, NODES4)
+    assert decision.counts == {("ns", "big"): 16, ("ns", "late"): 0}
+    assert decision.global_batch == {("ns", "big"): 4096}
 
 
 # --- quality -------------------------------------------------------------------------------------

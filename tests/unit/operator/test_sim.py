@@ -128,15 +128,17 @@ def rate_from_scratch(s: Simulation, state: JobState) -> float:
     distinct = set(state.workers)
     share = max(max(1.0, used[n] / s.devices.physical) for n in distinct)
     speed = min(node_type(s.config.cluster, n).speed for n in distinct)
-    return state.job.model().goodput(Placement(len(state.workers), len(distinct), share, speed))
+    return state.job.model().goodput(Placement(len(state.workers), len(distinct), share, speed), state.batch)
 
 
-@pytest.mark.parametrize("policy", ["fair", "goodput", "restart"])
-def test_every_rate_is_current_after_every_change(policy: str) -> None:
-    """The engine keeps node usage incrementally and re-rates only the jobs whose workers or nodes'
-    usage changed; after every change the usage and each arrived job's rate must equal ones worked
-    out from scratch. Time-sliced nodes (a neighbour
-    slows a job down), two GPU types and frequent spot preemptions exercise every way it changes."""
+@pytest.mark.parametrize(
+    ("policy", "adaptive"), [("fair", 0.0), ("goodput", 0.0), ("goodput", 0.5), ("restart", 0.5)]
+)
+def test_every_rate_is_current_after_every_change(policy: str, adaptive: float) -> None:
+    """The engine keeps node usage incrementally and re-rates only the jobs whose workers, nodes'
+    usage or batch changed; after every change the usage and each arrived job's rate must equal ones
+    worked out from scratch. Time-sliced nodes (a neighbour slows a job down), two GPU types,
+    frequent spot preemptions and batch changes exercise every way it changes."""
 
     class Checked(Simulation):
         checks = 0
@@ -150,11 +152,21 @@ def test_every_rate_is_current_after_every_change(policy: str) -> None:
 
     types = (GpuType("fast", 0.5, 1.0), GpuType("slow", 0.5, 0.5))
     cluster = ClusterConfig(gpus=32, gpus_per_node=4, replicas=2, preempt_rate_per_hour=2.0, gpu_types=types)
-    jobs = generate(TraceConfig(jobs=30, gpus=32, load=3.0, median_duration_s=600.0), seed=5)
-    s = Checked(jobs, policy, SimConfig(cluster=cluster, seed=5))
+    trace = TraceConfig(
+        jobs=30,
+        gpus=32,
+        load=3.0,
+        median_duration_s=600.0,
+        elastic_max_factor=2 if adaptive else 1,
+        adaptive_batch_fraction=adaptive,
+        max_batch_factor=8,
+    )
+    s = Checked(generate(trace, seed=5), policy, SimConfig(cluster=cluster, seed=5))
     s.run()
     assert s.checks > 100
     assert s.preemptions > 0
+    changed = [st for st in s.states.values() if st.batch != st.job.global_batch]
+    assert bool(changed) is (policy == "goodput" and adaptive > 0)
 
 
 def test_same_seed_same_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -230,6 +242,13 @@ def test_a_trace_without_requested_workers_runs_rigidly_at_max(tmp_path: Path) -
         pytest.param(["--gpu-types", "A100:half:1"], "--gpu-types", id="gpu-type-share-not-a-number"),
         pytest.param(["--gpu-types", "A100:0.5:0"], "--gpu-types", id="gpu-type-speed-zero"),
         pytest.param(["--gpu-types", ":0.5:1"], "--gpu-types", id="gpu-type-without-name"),
+        pytest.param(
+            ["--adaptive-batch-fraction", "1.5"], "--adaptive-batch-fraction", id="adaptive-fraction"
+        ),
+        pytest.param(["--max-batch-factor", "-1"], "--max-batch-factor", id="max-batch-factor"),
+        pytest.param(["--noise-scale-range", "0:4"], "--noise-scale-range", id="noise-range-zero"),
+        pytest.param(["--noise-scale-range", "8:4"], "--noise-scale-range", id="noise-range-reversed"),
+        pytest.param(["--noise-scale-range", "x"], "--noise-scale-range", id="noise-range-not-numbers"),
     ],
 )
 def test_bad_flags_fail_naming_the_flag(
@@ -302,3 +321,80 @@ def test_the_policies_see_the_learned_speed_of_each_measurement() -> None:
     assert sorted((m.gpu_type, m.speed) for m in seen) == [("A100", 1.0), ("T4", 0.25)]
     slow, fast = sorted(seen, key=lambda m: m.speed)
     assert slow.compute_s == pytest.approx(4 * fast.compute_s)
+
+
+# --- batch-size co-adaptation -----------------------------------------------------------------------
+
+
+def test_batch_options_change_nothing_else_in_the_trace() -> None:
+    """The noise scales and max batches come from their own random stream: with the options the
+    trace is the same but for `max_batch`; each max is a multiple of V above B0 (B0 x the factor)."""
+    plain = generate(TraceConfig(jobs=80, gpus=512, elastic_max_factor=4), seed=3)
+    half = generate(TraceConfig(jobs=80, gpus=512, elastic_max_factor=4, adaptive_batch_fraction=0.5), seed=3)
+    assert [replace(j, max_batch=0) for j in half] == plain
+    adaptive = [j for j in half if j.max_batch]
+    assert 20 < len(adaptive) < 60
+    for job in adaptive:
+        assert job.max_batch == 4 * job.global_batch and job.max_batch % job.virtual_nodes == 0
+        assert job.rigid().max_batch == 0 and job.rigid().model().max_batch is None
+    for job in plain:
+        assert 0.25 <= job.noise_scale / job.global_batch <= 16.0
+    every = generate(TraceConfig(jobs=80, gpus=512, adaptive_batch_fraction=1.0, max_batch_factor=8), seed=3)
+    assert all(j.max_batch == 8 * j.global_batch for j in every)
+    assert read_csv(write_csv(every)) == every
+    with pytest.raises(ValueError, match="noise_ratio"):
+        TraceConfig(noise_ratio=(2.0, 1.0))
+
+
+def test_a_trace_without_batch_columns_keeps_b_fixed() -> None:
+    jobs = generate(TraceConfig(jobs=5, gpus=64, adaptive_batch_fraction=1.0, max_batch_factor=4), seed=2)
+    header, *rows = write_csv(jobs).splitlines()
+    keep = [i for i, c in enumerate(header.split(",")) if c not in ("noise_scale", "max_batch")]
+    old = read_csv("\n".join(",".join(line.split(",")[i] for i in keep) for line in [header, *rows]) + "\n")
+    assert [(j.max_batch, j.noise_scale) for j in old] == [(0, 0.0)] * 5
+    bad = write_csv([replace(jobs[0], max_batch=jobs[0].global_batch - 1)])
+    with pytest.raises(ValueError, match="max_batch"):
+        read_csv(bad)
+
+
+def adaptive_job(noise: float, max_factor: int = 8) -> SimJob:
+    """`job()` on 4 workers, sync-bound across nodes, allowed to grow B to `max_factor` x B0."""
+    base = replace(job(hi=4, seconds=4000.0), alpha_net=0.2, beta_net=0.02)
+    return replace(base, noise_scale=noise, max_batch=base.global_batch * max_factor)
+
+
+@pytest.mark.parametrize(
+    ("noise", "larger"),
+    [pytest.param(1e6, True, id="phi huge: larger B, sooner"), pytest.param(1.0, False, id="phi tiny: B0")],
+)
+def test_goodput_runs_an_adaptive_job_at_the_batch_it_chose(noise: float, larger: bool) -> None:
+    """A lone job on one node: the policy picks B from its fitted model; the job progresses at the
+    true model's goodput at that B (samples at B0's efficiency), and a change of B costs no pause."""
+    adaptive = adaptive_job(noise)
+    fixed = replace(adaptive, max_batch=0)
+    runs = {j.max_batch: sim([j], "goodput", config()) for j in (adaptive, fixed)}
+    [ran] = runs[adaptive.max_batch].states.values()
+    [plain] = runs[0].states.values()
+    assert (ran.batch > adaptive.global_batch) is larger
+    assert ran.batch <= adaptive.max_batch and ran.batch % adaptive.virtual_nodes == 0
+    assert ran.rescales == plain.rescales == 0
+    assert plain.batch == fixed.global_batch
+    assert plain.finished_s is not None and ran.finished_s is not None
+    assert (ran.finished_s < plain.finished_s) is larger
+    if not larger:
+        assert ran.finished_s == plain.finished_s
+
+
+def test_only_goodput_changes_the_batch_and_the_rigid_baselines_run_b0() -> None:
+    jobs = [adaptive_job(1e6)]
+    for policy in ("static", "restart", "fair", "quality"):
+        [state] = sim(jobs, policy, config()).states.values()
+        assert state.batch == jobs[0].global_batch, policy
+
+
+def test_the_policy_sees_the_noise_scale_and_max_only_of_adaptive_jobs() -> None:
+    adaptive = JobState(adaptive_job(300.0))
+    fixed = JobState(replace(adaptive_job(300.0), max_batch=0))
+    seen = metrics(adaptive, 5.0, {})
+    assert (seen.noise_scale, seen.max_batch, seen.global_batch) == (300.0, 8 * 128, 128)
+    assert (metrics(fixed, 5.0, {}).noise_scale, metrics(fixed, 5.0, {}).max_batch) == (None, None)

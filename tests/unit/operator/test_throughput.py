@@ -320,3 +320,81 @@ def test_all_zero_parameters_still_give_a_positive_step() -> None:
     model = JobModel(ThroughputParams(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0), global_batch=64, virtual_nodes=4)
     assert model.step_s(Placement(2)) > 0
     assert math.isfinite(model.goodput(Placement(2)))
+
+
+# --- batch-size co-adaptation (JobModel.max_batch) --------------------------------------------------
+
+
+def adaptive(
+    noise: float | None, max_batch: int | None = 4096, batch: int = 256, virtual: int = 64
+) -> JobModel:
+    return JobModel(TRUE, global_batch=batch, virtual_nodes=virtual, noise_scale=noise, max_batch=max_batch)
+
+
+@pytest.mark.parametrize(
+    ("model", "workers", "expected"),
+    [
+        pytest.param(
+            adaptive(1024.0), (1, 8, 16, 64), (512, 512, 2048, 4096), id="phi large: B grows with K"
+        ),
+        pytest.param(adaptive(4096.0), (1, 8, 16, 64), (1024, 1024, 4096, 4096), id="phi larger: larger B"),
+        pytest.param(adaptive(1.0), (1, 8, 16, 32), (256,) * 4, id="phi small: B0"),
+        pytest.param(adaptive(None), (1, 8, 16, 64), (256,) * 4, id="phi unknown: B0"),
+        pytest.param(adaptive(1e6, max_batch=None), (1, 8, 64), (256,) * 3, id="B fixed: B0"),
+        pytest.param(adaptive(1e6, max_batch=256), (1, 8, 64), (256,) * 3, id="max == B0"),
+        pytest.param(adaptive(1e6, max_batch=100), (1, 64), (256,) * 2, id="max below B0: B0"),
+        pytest.param(adaptive(1e6), (0,), (256,), id="zero workers: B0"),
+        pytest.param(adaptive(1e6), (1,), (4096,), id="one worker, phi huge: max (amortises alpha_c)"),
+        pytest.param(
+            adaptive(1e6, max_batch=1000), (64,), (960,), id="max not a multiple of V: rounded down"
+        ),
+    ],
+)
+def test_best_batch(model: JobModel, workers: tuple[int, ...], expected: tuple[int, ...]) -> None:
+    got = tuple(model.best_batch(Placement(k, max(1, k // 8))) for k in workers)
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        pytest.param(adaptive(1.0), (256, 512, 1024, 2048, 4096), id="powers of two up to max"),
+        pytest.param(adaptive(1.0, max_batch=3000), (256, 512, 1024, 2048, 2944), id="max rounded to V"),
+        pytest.param(adaptive(1.0, max_batch=300), (256,), id="max rounds down to B0"),
+        pytest.param(adaptive(1.0, batch=192, max_batch=640), (192, 384, 640), id="B0 not a power of two"),
+        pytest.param(adaptive(None), (256,), id="phi unknown"),
+        pytest.param(adaptive(1.0, max_batch=None), (256,), id="fixed"),
+    ],
+)
+def test_batch_candidates(model: JobModel, expected: tuple[int, ...]) -> None:
+    assert model.batch_candidates() == expected
+
+
+def test_best_batch_stays_in_bounds_on_multiples_of_v() -> None:
+    rnd = random.Random(3)
+    for _ in range(300):
+        virtual = rnd.choice((1, 3, 8, 12, 64))
+        batch = virtual * rnd.randint(1, 40)
+        top = batch + rnd.randint(0, 5000)
+        params = ThroughputParams(*(rnd.uniform(0.0, 0.05) for _ in range(6)), gamma=rnd.uniform(1.0, 10.0))
+        model = JobModel(params, batch, virtual, rnd.choice((None, 0.0, 10.0, 1e3, 1e6)), max_batch=top)
+        workers = rnd.randint(0, 100)
+        best = model.best_batch(Placement(workers, max(1, workers // 8)))
+        assert batch <= best <= top and best % virtual == 0
+        goodput, at = model.best(Placement(workers, max(1, workers // 8)))
+        assert at == best and goodput == model.goodput(Placement(workers, max(1, workers // 8)), best)
+        assert all(
+            model.goodput(Placement(workers), b) <= model.best(Placement(workers))[0]
+            for b in model.batch_candidates()
+        )
+
+
+def test_a_fixed_batch_job_is_the_old_model_float_for_float() -> None:
+    """Without max_batch every method is the fixed-batch model: same floats, B0 chosen."""
+    for noise in (None, 100.0):
+        model = JobModel(TRUE, global_batch=512, virtual_nodes=64, noise_scale=noise)
+        for placement in (Placement(1), Placement(8), Placement(16, 2, 1.5), Placement(64, 8)):
+            micro, accum = step_shape(512, 64, placement.workers)
+            expected = 512 * 1.0 / max(TRUE.step_s(placement, micro, accum), 1e-9)
+            assert model.goodput(placement) == model.goodput(placement, 512) == expected
+            assert model.best(placement) == (expected, 512)
