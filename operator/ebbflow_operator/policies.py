@@ -39,7 +39,7 @@ from functools import lru_cache
 from itertools import groupby
 from typing import TypeVar
 
-from .allocator import Demand, NodeClass, Packing, Policy, PriorityFairShare, first_acceptable
+from .allocator import Allocation, Demand, NodeClass, Packing, Policy, PriorityFairShare, first_acceptable
 from .loss_curve import LossCurve, fit_loss_curve
 from .model import JobKey
 from .throughput import JobModel, Measurement, Placement, ThroughputParams, fit_cached
@@ -420,16 +420,6 @@ def _breakpoints(info: Mapping[JobKey, JobMetrics]) -> Breakpoints:
 
 
 @dataclass(frozen=True)
-class Allocation:
-    """One goodput pass's decision: workers per job, and the global batch B chosen for the placement
-    the pass projected, for every job that may change its batch (`JobMetrics.max_batch`) and got
-    workers (B0 while its noise scale is unknown)."""
-
-    counts: dict[JobKey, int]
-    global_batch: dict[JobKey, int]
-
-
-@dataclass(frozen=True)
 class GoodputPolicy:
     """Pollux: maximise the harmonic mean (power mean, p = -1) of speedups over fair share.
 
@@ -451,7 +441,9 @@ class GoodputPolicy:
         return self.decide(demands, free).counts
 
     def decide(self, demands: Sequence[Demand], free: Mapping[str, int]) -> Allocation:
-        """The counts `allocate` returns and each adaptive job's batch at its projected placement."""
+        """The counts `allocate` returns and, for every job that may change its batch
+        (`JobMetrics.max_batch`) and got workers, the B chosen for the placement the pass projected
+        (B0 while its noise scale is unknown)."""
         fair = PriorityFairShare().allocate(demands, free)
         info = _metrics_of(demands, self.metrics)
         # Jobs share their eligible sets (the simulator's are one), so each set's node size is
