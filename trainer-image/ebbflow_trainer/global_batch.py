@@ -39,6 +39,7 @@ READ_INTERVAL_SECONDS = 1.0
 # Integers up to 256 are exact in every float dtype (bfloat16 has 8 significant bits).
 DIGIT_BASE = 256
 IGNORED_LOG = "ignoring the global batch size %r in %s: %s"
+MAX_LOGGED = 40  # characters of an ignored file's content in its log line
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ class RequestFile:
         self.path = Path(config.global_batch_size_file)
         self.clock = clock
         self._read_at: float | None = None
-        self._text: str | None = None
+        self._text: str | None = None  # the content last read
+        self._error = ""  # the last read error logged
         self._batch = 0
 
     def poll(self) -> int:
@@ -79,27 +81,26 @@ class RequestFile:
         if self._read_at is not None and now - self._read_at < READ_INTERVAL_SECONDS:
             return self._batch
         self._read_at = now
-        try:
-            text = self.path.read_text()
-        except (FileNotFoundError, NotADirectoryError):
-            text = ""
-        except OSError as error:
-            text = ""
-            if self._text != repr(error):
-                log.warning("cannot read the global batch size from %s: %s", self.path, error)
-            self._text = repr(error)
-            return self._remember(0)
+        text = self._read()
         if text != self._text:
             self._text = text
             request = requested_batch(text, self.config)
             if request.ignored is not None:
-                log.warning(IGNORED_LOG, text.strip(), self.path, request.ignored)
-            return self._remember(request.batch or 0)
+                log.warning(IGNORED_LOG, text.strip()[:MAX_LOGGED], self.path, request.ignored)
+            self._batch = request.batch or 0
         return self._batch
 
-    def _remember(self, batch: int) -> int:
-        self._batch = batch
-        return batch
+    def _read(self) -> str:
+        """The file's content; empty when it is missing or cannot be read (logged once per error)."""
+        try:
+            return self.path.read_bytes().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+        except OSError as error:
+            if str(error) != self._error:
+                self._error = str(error)
+                log.warning("cannot read the global batch size from %s: %s", self.path, error)
+            return ""
 
 
 def digits(config: TrainerConfig) -> int:

@@ -178,6 +178,27 @@ def test_rank_zero_reads_the_file_at_most_once_a_second_and_logs_an_ignored_valu
     assert reader.poll() == 0
 
 
+def test_an_unreadable_or_garbled_file_asks_for_nothing_and_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "global-batch-size"
+    path.mkdir()  # reading it fails with an OSError
+    clock = _Clock()
+    reader = RequestFile(dataclasses.replace(CONFIG, global_batch_size_file=str(path)), clock)
+    with caplog.at_level(logging.WARNING, logger="ebbflow_trainer.global_batch"):
+        for _ in range(3):
+            clock.now += global_batch.READ_INTERVAL_SECONDS
+            assert reader.poll() == 0
+        path.rmdir()
+        path.write_bytes(b"\xff\xfe" * 100)
+        clock.now += global_batch.READ_INTERVAL_SECONDS
+        assert reader.poll() == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert "cannot read the global batch size" in messages[0]
+    assert "not a whole number" in messages[1] and len(messages[1]) < 300, "the content is cut short"
+
+
 @pytest.mark.parametrize(
     ("largest", "digits"),
     [(None, 0), (1, 1), (255, 1), (256, 2), (65_535, 2), (65_536, 3), (2**24, 4)],
