@@ -7,11 +7,13 @@ invariants:
 
 - Rank 0 alone reads the file (the kubelet's projection of the pod's annotation), at most once every
   ``READ_INTERVAL_SECONDS``: the kubelet refreshes a projected annotation only on its periodic sync
-  (about a minute), so reading more often finds nothing new, and a step stays free of file I/O
-  whatever its length. An empty or missing file asks for nothing.
+  (about a minute), so reading more often finds nothing new, and however short the steps the file
+  costs at most one small read a second. An empty, missing or unreadable file asks for nothing.
+  After a world re-forms its rank 0 reads its own pod's file (the operator annotates every worker
+  pod alike); until a request arrives, the world keeps the B of the state it resumed from.
 - A value the spec does not allow (not a whole number, below ``globalBatchSize``, above
   ``maxGlobalBatchSize``, not a multiple of V; :func:`ebbflow_trainer.config.batch_violation`) is
-  ignored with one log line per distinct file content, never sent.
+  ignored with one log line per distinct file content (per rank-0 process), never sent.
 - The allowed value travels in the step's own all-reduce, in base-256 digits written by rank 0 and
   zero elsewhere (integers up to 256 are exact in every floating-point message, bfloat16 included),
   so every worker reads the same request from the same reduced message: no extra round trip. A

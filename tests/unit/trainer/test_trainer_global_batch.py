@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from ebbflow_api import contract
 from ebbflow_trainer import global_batch, state
+from ebbflow_trainer.__main__ import main
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.config import ROW_TABLE_LIMIT, ConfigError, TrainerConfig, from_environment
 from ebbflow_trainer.data import VirtualNodeLoader
@@ -26,6 +27,7 @@ from torch.utils.data import TensorDataset
 from tests.trainer_config import VALID_ENVIRONMENT, trainer_config
 
 V, B, MAX = 4, 16, 32
+DIGITS = str(Path(__file__).resolve().parents[3] / "examples" / "digits" / "train.py")
 # VALID_ENVIRONMENT: V=8, B=64, replicas 1-4; co-adaptation needs adascale.
 ADAPTIVE = {contract.ENV_LR_SCALING: "adascale", contract.ENV_MAX_GLOBAL_BATCH_SIZE: "128"}
 FILE = {contract.ENV_GLOBAL_BATCH_SIZE_FILE: "/etc/ebbflow/global-batch-size"}
@@ -104,6 +106,18 @@ def test_an_invalid_largest_batch_is_named_with_a_fix(
     with pytest.raises(ConfigError) as error:
         _from_environment(**overrides, **FILE)
     assert all(name in str(error.value) for name in named) and advice in str(error.value), error.value
+
+
+def test_a_largest_batch_beyond_the_dataset_fails_before_joining(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The digits example holds 1437 training images: no step could take 2048 of them."""
+    for name, value in {**VALID_ENVIRONMENT, **ADAPTIVE, contract.ENV_MAX_GLOBAL_BATCH_SIZE: "2048"}.items():
+        monkeypatch.setenv(name, value)
+    code = main(["run", DIGITS, "--state-dir", str(tmp_path / "state")])
+    assert code == contract.EXIT_INVALID_CONFIG
+    error = capsys.readouterr().err
+    assert f"{contract.ENV_MAX_GLOBAL_BATCH_SIZE}=2048 exceeds the 1437 samples" in error, error
 
 
 # --- the requested B -----------------------------------------------------------------------------
