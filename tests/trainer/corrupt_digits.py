@@ -16,7 +16,7 @@ from pathlib import Path
 from ebbflow_api import contract
 from ebbflow_trainer import TrainingSpec
 from ebbflow_trainer.api import load_spec
-from ebbflow_trainer.sharding import steps_per_epoch, virtual_node_indices
+from ebbflow_trainer.sharding import DataPosition, steps_per_epoch, virtual_node_indices
 from torch.utils.data import TensorDataset
 
 DIGITS = str(Path(__file__).resolve().parents[2] / "examples" / "digits" / "train.py")
@@ -38,8 +38,8 @@ def build() -> TrainingSpec:
                 step=step,
                 virtual_node=k,
                 num_samples=len(images),
-                global_batch_size=batch,
                 virtual_nodes=virtual_nodes,
+                position=DataPosition(batch),
             )
             corrupt[indices] = float("nan")
     spec.dataset = TensorDataset(corrupt, labels)

@@ -169,6 +169,12 @@ def _check_spec(config: TrainerConfig) -> None:
             f"{contract.ENV_GLOBAL_BATCH_SIZE}={config.global_batch_size} exceeds the {len(spec.dataset)} "
             "samples of the dataset: lower the global batch size or provide more data."
         )
+    largest = config.max_global_batch_size
+    if largest is not None and len(spec.dataset) < largest:
+        raise ConfigError(
+            f"{contract.ENV_MAX_GLOBAL_BATCH_SIZE}={largest} exceeds the {len(spec.dataset)} samples of "
+            "the dataset: lower spec.maxGlobalBatchSize or provide more data."
+        )
 
 
 if __name__ == "__main__":

@@ -3,8 +3,14 @@
 Every check names the setting and the fix, because a bad setting can only be repaired by a person:
 the launcher exits with ``contract.EXIT_INVALID_CONFIG`` and the operator fails the job instead of
 restarting it forever. What the trainer shares with the job's spec (V, B, min/max, batching, LR
-scaling, the join timeout) is checked and defaulted by the API models themselves (`TrainingShape`
-and its CEL rules), so the trainer and the API server can never disagree.
+scaling, the largest global batch, the join timeout) is checked and defaulted by the API models
+themselves (`TrainingShape` and its CEL rules), so the trainer and the API server can never disagree.
+
+Batch-size co-adaptation (see :mod:`.global_batch`) is on exactly when
+``contract.ENV_MAX_GLOBAL_BATCH_SIZE`` is set. ``contract.ENV_GLOBAL_BATCH_SIZE_FILE`` without it is
+accepted and never read (the operator may project the annotation into every pod), so B stays
+``globalBatchSize``; with it but without a file, nothing can ask for another B, so B stays too.
+A global batch the policy asks for is checked by :func:`batch_violation` with the same rules.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ SHAPE_VARIABLES = {
     "globalBatchSize": contract.ENV_GLOBAL_BATCH_SIZE,
     "batching": contract.ENV_BATCHING,
     "lrScaling": contract.ENV_LR_SCALING,
+    "maxGlobalBatchSize": contract.ENV_MAX_GLOBAL_BATCH_SIZE,
 }
 
 
@@ -63,6 +70,9 @@ class TrainerConfig:
     global_batch_size: int
     batching: str = Batching.STATIC.value
     lr_scaling: str = LrScaling.NONE.value
+    # spec.maxGlobalBatchSize (None: B never changes) and the file holding the B the policy chose.
+    max_global_batch_size: int | None = None
+    global_batch_size_file: str = ""
     mode: str = "deterministic"
     # Training processes per pod, all members of the same elastic world (one per visible GPU by default).
     nproc_per_node: int = 1
@@ -105,10 +115,6 @@ class TrainerConfig:
     slowdown: float = 1.0
 
     @property
-    def samples_per_virtual_node(self) -> int:
-        return self.global_batch_size // self.virtual_nodes
-
-    @property
     def bucket_bytes(self) -> int:
         return max(1, int(self.bucket_mb * 2**20))
 
@@ -138,6 +144,11 @@ def _env_int(env: Mapping[str, str], name: str, default: int | None = None) -> i
         return int(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not an integer: set it to a whole number.") from None
+
+
+def _env_optional_int(env: Mapping[str, str], name: str) -> int | None:
+    """An integer variable the operator leaves out when its spec field is unset."""
+    return _env_int(env, name) if env.get(name, "") != "" else None
 
 
 def visible_gpus() -> int:
@@ -174,6 +185,8 @@ def from_environment(env: Mapping[str, str], *, gpus: int | None = None, **flags
         global_batch_size=_env_int(env, contract.ENV_GLOBAL_BATCH_SIZE),
         batching=env.get(contract.ENV_BATCHING, "") or Batching.STATIC.value,
         lr_scaling=env.get(contract.ENV_LR_SCALING, "") or LrScaling.NONE.value,
+        max_global_batch_size=_env_optional_int(env, contract.ENV_MAX_GLOBAL_BATCH_SIZE),
+        global_batch_size_file=env.get(contract.ENV_GLOBAL_BATCH_SIZE_FILE, ""),
         checkpoint_path=env.get(contract.ENV_CHECKPOINT_PATH, ""),
         checkpoint_interval_steps=_env_int(env, contract.ENV_CHECKPOINT_INTERVAL_STEPS, 0),
         metrics_port=_env_int(env, contract.ENV_METRICS_PORT, contract.METRICS_PORT),
@@ -271,9 +284,9 @@ def check_devices(config: TrainerConfig, gpus: int) -> None:
         )
 
 
-def _check_shape(config: TrainerConfig) -> None:
-    """V, B, min/max, batching and LR scaling, by the API's own bounds and rules."""
-    values = {
+def _shape_values(config: TrainerConfig) -> dict[str, object]:
+    """The spec fields the trainer receives, by their spec path (an unset field left out)."""
+    values: dict[str, object] = {
         "replicas.min": config.min_replicas,
         "replicas.max": config.max_replicas,
         "virtualNodes": config.virtual_nodes,
@@ -281,12 +294,24 @@ def _check_shape(config: TrainerConfig) -> None:
         "batching": config.batching,
         "lrScaling": config.lr_scaling,
     }
+    if config.max_global_batch_size is not None:
+        values["maxGlobalBatchSize"] = config.max_global_batch_size
+    return values
+
+
+def _shape(values: dict[str, object]) -> TrainingShape:
     shape = {
-        "replicas": {"min": config.min_replicas, "max": config.max_replicas},
+        "replicas": {"min": values["replicas.min"], "max": values["replicas.max"]},
         **{path: value for path, value in values.items() if not path.startswith("replicas.")},
     }
+    return TrainingShape.model_validate(shape)
+
+
+def _check_shape(config: TrainerConfig) -> None:
+    """V, B, min/max, batching, LR scaling and the largest B, by the API's own bounds and rules."""
+    values = _shape_values(config)
     try:
-        model = TrainingShape.model_validate(shape)
+        model = _shape(values)
     except ValidationError as error:
         first = error.errors()[0]
         path = ".".join(str(part) for part in first["loc"])
@@ -294,5 +319,24 @@ def _check_shape(config: TrainerConfig) -> None:
             f"{SHAPE_VARIABLES.get(path, path)}={values.get(path)!r} (spec.{path}): {first['msg']}"
         ) from None
     for _, rule in rule_violations(model):
-        named = [f"{SHAPE_VARIABLES[p]}={values[p]}" for p in SHAPE_VARIABLES if f"spec.{p}" in rule.message]
+        named = [f"{SHAPE_VARIABLES[p]}={values[p]}" for p in values if f"spec.{p}" in rule.message]
         raise ConfigError(f"{', '.join(named)}: {rule.message}")
+
+
+def batch_violation(config: TrainerConfig, batch: int) -> str | None:
+    """Why ``batch`` cannot be this job's global batch (None when it can): it must lie between
+    spec.globalBatchSize and spec.maxGlobalBatchSize and obey the spec's rules for a global batch."""
+    largest = config.max_global_batch_size
+    if largest is None:
+        return "spec.maxGlobalBatchSize is unset, so the global batch stays spec.globalBatchSize"
+    if not config.global_batch_size <= batch <= largest:
+        return (
+            f"outside [spec.globalBatchSize, spec.maxGlobalBatchSize] = [{config.global_batch_size}, "
+            f"{largest}]"
+        )
+    try:
+        model = _shape({**_shape_values(config), "globalBatchSize": batch})
+    except ValidationError as error:
+        return str(error.errors()[0]["msg"])
+    broken = [rule.message for _, rule in rule_violations(model)]
+    return f"a global batch must obey the spec's rule: {broken[0]}" if broken else None

@@ -9,8 +9,9 @@ With ``loader_workers > 0`` a ``torch.utils.data.DataLoader`` builds them: :clas
 (its sampler) yields, for every step from a starting one, this worker's virtual nodes' keys in the
 order the engine consumes them, and the loader processes keep ``prefetch`` batches each ready, so the
 next virtual node's batch is waiting when the current one finishes. The plan assumes the assignment
-stays as it is; when it changes (dynamic batching) the loader restarts from the new assignment and
-drops what it had built ahead. The loader processes are forked from the worker (the script's module
+and the global batch stay as they are; when either changes (dynamic batching, a new B from the
+operator's policy, see :mod:`.global_batch`) the loader restarts from the new ones and drops what
+it had built ahead. The loader processes are forked from the worker (the script's module
 exists only there, so they cannot be spawned), persist for the worker's life (one world) and are
 shut down by :meth:`VirtualNodeLoader.close`; a loader process whose worker died exits on its own
 (torch's watchdog).
@@ -26,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.config import TrainerConfig
-from ebbflow_trainer.sharding import derived_seed, virtual_node_indices
+from ebbflow_trainer.sharding import DataPosition, derived_seed, virtual_node_indices
 
 BatchKey = tuple[int, int, torch.Tensor]  # (step, virtual node, sample indices)
 BATCH_RNG_STREAM = 2  # derived_seed(seed, step, k, 1) seeds the model's own randomness (dropout)
@@ -49,6 +50,7 @@ class VirtualNodePlan(Sampler[BatchKey]):
         self.num_samples = num_samples
         self.start = 0
         self.virtual_nodes: list[int] = []
+        self.position = DataPosition(config.global_batch_size)  # where the current global batch began
 
     def indices(self, step: int, virtual_node: int) -> torch.Tensor:
         config = self.config
@@ -57,12 +59,12 @@ class VirtualNodePlan(Sampler[BatchKey]):
             step=step,
             virtual_node=virtual_node,
             num_samples=self.num_samples,
-            global_batch_size=config.global_batch_size,
             virtual_nodes=config.virtual_nodes,
+            position=self.position,
         )
 
-    def restart(self, step: int, virtual_nodes: list[int]) -> None:
-        self.start, self.virtual_nodes = step, list(virtual_nodes)
+    def restart(self, step: int, virtual_nodes: list[int], position: DataPosition) -> None:
+        self.start, self.virtual_nodes, self.position = step, list(virtual_nodes), position
 
     def __iter__(self) -> Iterator[BatchKey]:
         step, virtual_nodes = self.start, list(self.virtual_nodes)
@@ -98,17 +100,22 @@ class VirtualNodeLoader:
         self.pin_memory = pin_memory
         self._loader: DataLoader[Any] | None = None
         self._batches: Iterator[tuple[int, int, Any]] | None = None
-        self._expected: tuple[int, list[int]] | None = None  # the (step, virtual nodes) the loader is on
+        # The (step, virtual nodes, data position) the loader is on.
+        self._expected: tuple[int, list[int], DataPosition] | None = None
         self.restarts = 0
 
-    def prepare(self, step: int, virtual_nodes: list[int]) -> None:
-        """Announce the step about to be computed; restarts the loader if it was building others."""
-        if self.spec.loader_workers == 0 or self._expected == (step, virtual_nodes):
+    def prepare(self, step: int, virtual_nodes: list[int], position: DataPosition) -> None:
+        """Announce the step about to be computed, with the data position of its global batch;
+        restarts the loader if it was building others."""
+        if self.spec.loader_workers == 0:
+            self.plan.position = position
             return
-        self.plan.restart(step, virtual_nodes)
+        if self._expected == (step, virtual_nodes, position):
+            return
+        self.plan.restart(step, virtual_nodes, position)
         self._batches = iter(self._data_loader())  # a persistent loader drops what it built ahead
         self.restarts += 1
-        self._expected = (step, list(virtual_nodes))
+        self._expected = (step, list(virtual_nodes), position)
 
     def batch(self, step: int, virtual_node: int) -> Any:
         """The batch of ``virtual_node`` at ``step`` (after :meth:`prepare` for that step)."""
@@ -122,9 +129,9 @@ class VirtualNodeLoader:
                 f"expected step {step} virtual node {virtual_node}"
             )
         assert self._expected is not None
-        nodes = self._expected[1]
+        _, nodes, position = self._expected
         if virtual_node == nodes[-1]:
-            self._expected = (step + 1, nodes)
+            self._expected = (step + 1, nodes, position)
         return batch
 
     def _data_loader(self) -> DataLoader[Any]:

@@ -33,8 +33,11 @@ virtual node's B/V samples (like per-GPU BatchNorm in DDP), independent of the w
 buffers (``num_batches_tracked``) advance identically on every virtual node and are kept as computed.
 
 The message also carries, per worker, its compute time (for dynamic batching; with exact sums as
-the float64's bits, which the sum reproduces exactly) and one "leave" flag (any worker asked
-to stop at this step boundary), so neither costs an extra collective.
+the float64's bits, which the sum reproduces exactly), one "leave" flag (any worker asked
+to stop at this step boundary) and, for a job with ``maxGlobalBatchSize``, rank 0's request for a
+new global batch B (:mod:`ebbflow_trainer.global_batch`), so none of them costs an extra collective.
+The engine computes each step with the current B (``position``: V stays fixed, B / V samples per
+virtual node) and switches when told to, between steps.
 
 A step whose reduced loss or gradient is not finite (NaN or infinity in any virtual node spreads
 through the sum; exact sums carry non-finite values beside their grid, see
@@ -57,14 +60,14 @@ from typing import Any, Protocol
 
 import torch
 
-from ebbflow_trainer import exact
+from ebbflow_trainer import exact, global_batch
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.buckets import GradientBuckets, Pending
 from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.data import VirtualNodeLoader
 from ebbflow_trainer.evaluation import Evaluation
 from ebbflow_trainer.lr_scaling import GradientNoiseScale, lr_factor, noise_estimates
-from ebbflow_trainer.sharding import derived_seed
+from ebbflow_trainer.sharding import DataPosition, derived_seed
 from ebbflow_trainer.update import OptimizerStep
 
 
@@ -79,6 +82,7 @@ class StepResult:
     lr: float | None = None  # the first parameter group's LR the step used; None when skipped
     grad_norm: float | None = None  # the combined gradient's norm before clipping (when clipping)
     loss_scale: float | None = None  # the fp16 loss scale for the next step
+    batch_request: int = 0  # the global batch rank 0 asked for from the next step on (0: none)
 
 
 class ReductionFailed(Exception):
@@ -141,6 +145,10 @@ class VirtualNodeEngine:
         self._agreement: torch.Tensor | None = None
         self.base_lrs = [float(group["lr"]) for group in spec.optimizer.param_groups]
         self.base_batch_size = config.base_batch_size or config.global_batch_size
+        # Where the current global batch began in the sample stream (see .sharding); its B is the step's.
+        self.num_samples = len(spec.dataset)
+        self.position = DataPosition(config.global_batch_size)
+        self.request_digits = global_batch.digits(config)
         self.noise = GradientNoiseScale()
         self.nonfinite_streak = 0
         self._advanced_buffers: list[torch.Tensor] = []
@@ -169,6 +177,20 @@ class VirtualNodeEngine:
             self.buckets.close()
 
     @property
+    def global_batch_size(self) -> int:
+        """B of the steps computed from now on."""
+        return self.position.global_batch_size
+
+    @property
+    def samples_per_virtual_node(self) -> int:
+        return self.global_batch_size // self.config.virtual_nodes
+
+    def switch_batch(self, step: int, batch: int) -> None:
+        """From ``step`` on, compute steps of ``batch`` samples; they continue the sample stream where
+        step ``step - 1`` stopped."""
+        self.position = self.position.switched(step, batch, self.num_samples)
+
+    @property
     def tracks_noise(self) -> bool:
         """Whether steps need each virtual node's squared gradient norm (the gradient-noise estimate
         of LR scaling); fast mode adds it up only then."""
@@ -184,11 +206,13 @@ class VirtualNodeEngine:
         world_size: int,
         leave: Callable[[], bool],
         comm: Collectives,
+        batch_request: int = 0,
     ) -> tuple[torch.Tensor, float]:
         """Compute this worker's virtual nodes of ``step`` and all-reduce them with the world: the
-        reduced message for ``apply`` and the compute time. ``leave`` is read once computing is done."""
+        reduced message for ``apply`` and the compute time. ``leave`` is read once computing is done;
+        ``batch_request``: the global batch rank 0 asks for (0 from every other rank)."""
         if self.buckets is not None:
-            return self._overlapped_step(step, virtual_nodes, rank, world_size, leave, comm)
+            return self._overlapped_step(step, virtual_nodes, rank, world_size, leave, comm, batch_request)
         rows, seconds = self.compute_rows(step, virtual_nodes)
         agreement = self.agreement(rows)
         if agreement is not None:
@@ -201,6 +225,7 @@ class VirtualNodeEngine:
             compute_seconds=seconds,
             leave=leave(),
             agreement=agreement,
+            batch_request=batch_request,
         )
         comm.all_reduce(message).wait()
         return message, seconds
@@ -213,10 +238,11 @@ class VirtualNodeEngine:
         world_size: int,
         leave: Callable[[], bool],
         comm: Collectives,
+        batch_request: int,
     ) -> tuple[torch.Tensor, float]:
         """Fast mode: gradients go into the message as backward produces them (see :mod:`.buckets`);
-        the extras (buffers, loss, squared norms, compute time, leave flag) are added after each
-        virtual node and ride in the last bucket."""
+        the extras (buffers, loss, squared norms, compute time, leave flag, batch request) are added
+        after each virtual node and ride in the last bucket."""
         buckets = self.buckets
         assert buckets is not None
         size = self.message_size(world_size)
@@ -238,6 +264,7 @@ class VirtualNodeEngine:
         seconds = time.perf_counter() - started
         message[self.row_size + rank] = seconds
         message[self.row_size + world_size] = 1.0 if leave() else 0.0
+        self._write_request(message[self.row_size + world_size + 1 :], batch_request)
         buckets.finish()
         return buckets.wait(), seconds
 
@@ -269,7 +296,7 @@ class VirtualNodeEngine:
         config, model = self.config, self.spec.model
         model.train()
         start_buffers = [b.detach().clone() for b in self.buffers]
-        self.loader.prepare(step, virtual_nodes)
+        self.loader.prepare(step, virtual_nodes, self.position)
         for position, k in enumerate(virtual_nodes):
             started = time.perf_counter()
             with torch.no_grad():
@@ -325,7 +352,16 @@ class VirtualNodeEngine:
         """Values in the all-reduced message: V rows (table) or one row (sum; exact, as int64 grid
         values plus ``coded_values`` non-finite counts of flagged buffer or loss blocks), then the tail."""
         rows = self.config.virtual_nodes if self.method == "table" else 1
-        return rows * self.row_size + coded_values + world_size + 1
+        return rows * self.row_size + coded_values + self.tail_size(world_size)
+
+    def tail_size(self, world_size: int) -> int:
+        """The message's tail: compute times (one per worker), the leave flag, the batch request."""
+        return world_size + 1 + self.request_digits
+
+    def _write_request(self, digits: torch.Tensor, batch_request: int) -> None:
+        if self.request_digits:
+            values = global_batch.encode(batch_request, self.request_digits)
+            digits.copy_(torch.tensor(values, dtype=digits.dtype))
 
     def message_bytes(self, world_size: int) -> int:
         """Bytes all-reduced per step when every value is finite, the grid agreement included."""
@@ -350,13 +386,16 @@ class VirtualNodeEngine:
         compute_seconds: float,
         leave: bool,
         agreement: torch.Tensor | None = None,
+        batch_request: int = 0,
     ) -> torch.Tensor:
         """This worker's message. Exact sums need the MAX-reduced ``agreement`` (a lone worker may
         omit it)."""
         if self.method == "exact":
-            return self._pack_exact(rows, rank, world_size, compute_seconds, leave, agreement)
+            return self._pack_exact(
+                rows, rank, world_size, (compute_seconds, leave, batch_request), agreement
+            )
         message = torch.zeros(self.message_size(world_size), dtype=self.dtype, device=self.message_device)
-        row_area = message[: message.numel() - world_size - 1]
+        row_area = message[: message.numel() - self.tail_size(world_size)]
         if self.method != "table":
             raise ValueError("fast mode reduces through reduce_step's buckets, not rows")
         table = row_area.view(self.config.virtual_nodes, self.row_size)
@@ -365,6 +404,7 @@ class VirtualNodeEngine:
         tail = message[row_area.numel() :]
         tail[rank] = compute_seconds
         tail[world_size] = 1.0 if leave else 0.0
+        self._write_request(tail[world_size + 1 :], batch_request)
         return message
 
     def _pack_exact(
@@ -372,10 +412,11 @@ class VirtualNodeEngine:
         rows: dict[int, torch.Tensor],
         rank: int,
         world_size: int,
-        compute_seconds: float,
-        leave: bool,
+        extras: tuple[float, bool, int],
         agreement: torch.Tensor | None,
     ) -> torch.Tensor:
+        """``extras``: this worker's compute seconds, leave flag and batch request."""
+        compute_seconds, leave, batch_request = extras
         if agreement is None:
             if world_size != 1:
                 raise ValueError("exact sums: all-reduce agreement(rows) with MAX and pass it to pack")
@@ -394,6 +435,7 @@ class VirtualNodeEngine:
         # A float's bits plus zeros from every other worker: the sum is that float, exactly.
         tail[rank] = int(torch.tensor([compute_seconds], dtype=torch.float64).view(torch.int64)[0])
         tail[world_size] = 1 if leave else 0
+        self._write_request(tail[world_size + 1 :], batch_request)
         return message
 
     # --- the update ------------------------------------------------------------------------------
@@ -427,11 +469,12 @@ class VirtualNodeEngine:
             lr=lr,
             grad_norm=grad_norm,
             loss_scale=self.update.loss_scale,
+            batch_request=global_batch.decode(tail[world_size + 1 :].tolist()),
         )
 
     def _unpack(self, message: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The mean row over the V virtual nodes, and the per-worker tail of the message (compute
-        times, then the leave flag)."""
+        """The mean row over the V virtual nodes, and the tail of the message (compute times, the
+        leave flag, the batch request)."""
         v = self.config.virtual_nodes
         if self.method == "exact":
             return self._unpack_exact(message)
@@ -459,7 +502,8 @@ class VirtualNodeEngine:
                 blocks = flagged[first : first + piece.blocks].to(mean.device)
                 self.layout.view(mean, piece)[blocks] = math.nan
         bits = message[self.row_size + positions.numel() :]
-        tail = torch.cat([bits[:-1].view(torch.float64), bits[-1:].double()])
+        world_size = bits.numel() - self.tail_size(0)  # the compute times are a float64's bits
+        tail = torch.cat([bits[:world_size].view(torch.float64), bits[world_size:].double()])
         return mean.to(self.dtype), tail
 
     def _set_gradient_and_buffers(self, gradient: torch.Tensor, buffer_values: torch.Tensor) -> None:
@@ -483,12 +527,12 @@ class VirtualNodeEngine:
         if self.tracks_noise:
             big_sq_norm = float(gradient.dot(gradient))
             variance, sq_norm = noise_estimates(
-                small_sq_norm, config.samples_per_virtual_node, big_sq_norm, config.global_batch_size
+                small_sq_norm, self.samples_per_virtual_node, big_sq_norm, self.global_batch_size
             )
             self.noise.update(variance, sq_norm)
         factor = lr_factor(
             config.lr_scaling,
-            batch=config.global_batch_size,
+            batch=self.global_batch_size,
             base_batch=self.base_batch_size,
             noise=self.noise,
         )

@@ -1,13 +1,21 @@
 """Learning-rate scaling when the global batch B differs from the batch B0 the learning rate was tuned for.
 
 The virtual-node design keeps B fixed while workers come and go, so scaling is off by default; it
-matters when a job is resumed with a different ``globalBatchSize``. Rules:
+matters when a job is resumed with a different ``globalBatchSize``, and when the operator's goodput
+policy changes B during the run (``spec.maxGlobalBatchSize``, which requires adascale). Rules:
 
 - linear: lr = lr0 * B / B0 (Goyal et al.)
 - sqrt:   lr = lr0 * sqrt(B / B0) (Krizhevsky; Hoffer et al.)
 - adascale: lr = lr0 * r, with the AdaScale gain r = (sigma^2 / B0 + mu^2) / (sigma^2 / B + mu^2), where
   sigma^2 is the per-sample gradient variance (trace of the covariance) and mu^2 the squared norm of the
   true gradient, both estimated like Pollux does from gradients at two batch sizes (McCandlish et al.).
+
+At a switch of B (see :mod:`ebbflow_trainer.global_batch`) the base batch B0 stays the one the learning
+rate was tuned for (``globalBatchSize``, or ``--base-batch-size``). The engine computes the factor at
+every step from the batch that step was computed with, so the first step at the new B already uses
+the gain at the new B: sigma^2 and mu^2 are per-sample quantities that do not depend on B, so the
+smoothed estimates stay valid across the switch, and that step's own estimate (from its batch sizes
+B/V and B) joins the moving average. Optimizer state and the LR schedule carry on unchanged.
 """
 
 from __future__ import annotations

@@ -36,6 +36,10 @@ STEP_SECONDS = Histogram(
 )
 COMPUTE_SECONDS = Gauge("ebbflow_trainer_compute_seconds", "This worker's compute time in the last step")
 VIRTUAL_NODES = Gauge("ebbflow_trainer_virtual_nodes", "Virtual nodes assigned to this worker")
+GLOBAL_BATCH_SIZE = Gauge(
+    "ebbflow_trainer_global_batch_size",
+    "Samples per step of the whole job (B) in the last step; changes only with spec.maxGlobalBatchSize",
+)
 WORKER_SAMPLES = Gauge("ebbflow_trainer_worker_samples_per_step", "Samples per step computed by this worker")
 LOSS = Gauge("ebbflow_trainer_loss", "Training loss of the last step (mean over the global batch)")
 WORLD_SIZE = Gauge("ebbflow_trainer_world_size", "Workers in the current world")

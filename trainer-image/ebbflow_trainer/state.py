@@ -1,10 +1,11 @@
 """The training state that survives membership changes: capture, restore, serialize, write atomically.
 
 A state is everything needed to continue the exact sample sequence: model, optimizer, the next step
-(which fixes the data position, see :mod:`ebbflow_trainer.sharding`), RNG states, the batch size the
-learning rate was tuned for, the gradient-noise estimates, the current run of skipped
-(non-finite) steps, the LR scheduler and fp16 loss scale, the last evaluation and the training
-script's own ``extra_state``.
+and the data position with the current global batch B (see :mod:`ebbflow_trainer.sharding`; B
+changes only with ``maxGlobalBatchSize``, and a worker continues with the state's B, not its
+environment's), RNG states, the batch size the learning rate was tuned for, the gradient-noise
+estimates, the current run of skipped (non-finite) steps, the LR scheduler and fp16 loss scale,
+the last evaluation and the training script's own ``extra_state``.
 
 On disk and on the wire a state is ``MAGIC`` + the SHA-256 of the payload + the payload (``torch.save``
 bytes). Loading checks both before ``torch.load(weights_only=True)``, which only rebuilds tensors,
@@ -17,6 +18,7 @@ followed by an fsync of the directory, so a crash after a write never loses the 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import io
 import logging
@@ -29,7 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ebbflow_trainer.config import batch_violation
 from ebbflow_trainer.engine import VirtualNodeEngine
+from ebbflow_trainer.sharding import DataPosition
 
 log = logging.getLogger("ebbflow_trainer.state")
 
@@ -100,7 +104,8 @@ def capture(engine: VirtualNodeEngine, step: int, last_step_wall_time: float) ->
         "evaluation": copy.deepcopy(engine.evaluation.last),
         "extra": _extra_state(engine),
         "virtual_nodes": engine.config.virtual_nodes,
-        "global_batch_size": engine.config.global_batch_size,
+        "global_batch_size": engine.global_batch_size,
+        "position": dataclasses.asdict(engine.position),
         "seed": engine.config.seed,
     }
 
@@ -113,6 +118,7 @@ def restore(engine: VirtualNodeEngine, state: dict[str, Any]) -> None:
     random.setstate(rng["python"])
     _set_numpy_rng_state(rng["numpy"])
     engine.base_batch_size = int(state["base_batch_size"])
+    engine.position = _position(engine, state)
     engine.base_lrs = [float(lr) for lr in state["base_lrs"]]
     for name, value in state["noise"].items():
         setattr(engine.noise, name, value)
@@ -122,6 +128,30 @@ def restore(engine: VirtualNodeEngine, state: dict[str, Any]) -> None:
     extra = engine.spec.extra_state
     if extra is not None and state.get("extra") is not None:
         extra[1](copy.deepcopy(state["extra"]))
+
+
+def _position(engine: VirtualNodeEngine, state: dict[str, Any]) -> DataPosition:
+    """The state's data position and global batch. A B this job's spec does not allow (a job resumed
+    from a checkpoint with another spec) goes back to spec.globalBatchSize at the state's step; a
+    state from before B could change holds no position: it trained at the spec's B from step 0."""
+    config = engine.config
+    saved = state.get("position")
+    if saved is None:
+        return DataPosition(config.global_batch_size)
+    position = DataPosition(**saved)
+    batch = position.global_batch_size
+    why = None if batch == config.global_batch_size else batch_violation(config, batch)
+    if why is None:
+        return position
+    log.warning(
+        "the state's global batch size %s is not allowed by this job (%s): from step %s on the "
+        "global batch is %s, spec.globalBatchSize",
+        batch,
+        why,
+        state["step"],
+        config.global_batch_size,
+    )
+    return position.switched(int(state["step"]), config.global_batch_size, engine.num_samples)
 
 
 def _numpy_rng_state() -> tuple[str, torch.Tensor, int, int, float]:

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from ebbflow_api import contract
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-from ebbflow_trainer import metrics, state
+from ebbflow_trainer import global_batch, metrics, state
 from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.batching import DynamicBatchingController
 from ebbflow_trainer.config import TrainerConfig
@@ -55,6 +55,7 @@ log = logging.getLogger("ebbflow_trainer.worker")
 RESUMES_LOG = "generation %s: rank %s of %s resumes at step %s from %s%s"
 RESUMED_LOG = "generation %s: training resumed after a %.2f s pause"
 FINISHED_LOG = "finished at step %s; model sha256 %s"
+BATCH_LOG = "from step %s the global batch size is %s (was %s): %s samples per virtual node"
 
 
 class LeaveNow(Exception):
@@ -191,6 +192,9 @@ class Worker:
         self.last_pause: float | None = None  # of this process's last membership change
         self.store: TCPStore | None = connect(config, config.store_timeout)
         self.progress = metrics.ProgressReporter(config) if world.rank == 0 else None
+        # Rank 0 reads the global batch the operator's policy chose (only with maxGlobalBatchSize).
+        changing = config.max_global_batch_size is not None and config.global_batch_size_file
+        self.requests = global_batch.RequestFile(config) if changing and world.rank == 0 else None
         self._last_store_report = 0.0
 
     # --- state agreement -------------------------------------------------------------------------
@@ -290,15 +294,7 @@ class Worker:
             mine = ranges_from_counts(counts)[world.rank]
             started = time.time()
             try:
-                with torch.random.fork_rng(devices=[]):
-                    message, compute_seconds = self.engine.reduce_step(
-                        self.step,
-                        mine,
-                        rank=world.rank,
-                        world_size=world.size,
-                        leave=lambda: self.leave.requested,
-                        comm=self.comm,
-                    )
+                message, compute_seconds = self._reduce(mine)
             except ReductionFailed as error:
                 log.warning(
                     "step %s failed (%s); handing over the state of step %s", self.step, error, self.step
@@ -321,6 +317,8 @@ class Worker:
             self.last_step_wall_time = now
             self._evaluate()
             self._record_step(now - started, result, mine, compute_seconds)
+            if result.batch_request and result.batch_request != self.engine.global_batch_size:
+                self._switch_batch(result.batch_request)
             if self.engine.nonfinite_streak >= config.max_nonfinite_steps:
                 return self.stop_diverged()
             interval = config.checkpoint_interval_steps
@@ -342,17 +340,40 @@ class Worker:
         self.journal.write("done", step=self.step, generation=world.generation)
         return contract.EXIT_SUCCESS
 
+    def _reduce(self, mine: list[int]) -> tuple[torch.Tensor, float]:
+        """This worker's part of the step, all-reduced; rank 0's message asks for the global batch
+        the policy chose."""
+        request = self.requests.poll() if self.requests is not None else 0
+        with torch.random.fork_rng(devices=[]):
+            return self.engine.reduce_step(
+                self.step,
+                mine,
+                rank=self.world.rank,
+                world_size=self.world.size,
+                leave=lambda: self.leave.requested,
+                comm=self.comm,
+                batch_request=request,
+            )
+
+    def _switch_batch(self, batch: int) -> None:
+        """Every worker read the same request in the same step's message: all switch before the next."""
+        previous = self.engine.global_batch_size
+        self.engine.switch_batch(self.step, batch)
+        log.info(BATCH_LOG, self.step, batch, previous, self.engine.samples_per_virtual_node)
+        self.journal.write("batch", step=self.step, batch=batch, previous=previous, rank=self.world.rank)
+
     def _record_step(
         self, seconds: float, result: StepResult, mine: list[int], compute_seconds: float
     ) -> None:
-        samples, loss = self.config.global_batch_size, result.loss
+        samples, loss = self.engine.global_batch_size, result.loss
         metrics.STEP.set(self.step)
         metrics.SAMPLES.inc(samples)
         metrics.SAMPLES_PER_SECOND.set(samples / seconds if seconds > 0 else 0.0)
         metrics.STEP_SECONDS.observe(seconds)
         metrics.COMPUTE_SECONDS.set(compute_seconds)
         metrics.VIRTUAL_NODES.set(len(mine))
-        metrics.WORKER_SAMPLES.set(len(mine) * self.config.samples_per_virtual_node)
+        metrics.GLOBAL_BATCH_SIZE.set(samples)
+        metrics.WORKER_SAMPLES.set(len(mine) * self.engine.samples_per_virtual_node)
         metrics.LOSS.set(loss)
         self._count_update(result)
         self.journal.write(
@@ -362,6 +383,7 @@ class Worker:
             rank=self.world.rank,
             world=self.world.size,
             vnodes=mine,
+            batch=samples,
             loss=loss,
             compute_seconds=compute_seconds,
             skipped=result.skipped,
@@ -375,7 +397,7 @@ class Worker:
             reported_loss = loss if math.isfinite(loss) else None
             shape = metrics.StepShape(
                 world_size=self.world.size,
-                micro_batch=self.config.samples_per_virtual_node,
+                micro_batch=self.engine.samples_per_virtual_node,
                 micro_batches=len(mine),
                 step_seconds=seconds,
                 compute_seconds=compute_seconds,
@@ -384,7 +406,7 @@ class Worker:
             )
             report = self.progress.report(
                 self.step,
-                self.step * samples,
+                self.engine.position.samples_at(self.step),
                 reported_loss,
                 samples / max(seconds, 1e-9),
                 self.engine.evaluation.report(),

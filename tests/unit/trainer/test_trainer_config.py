@@ -21,7 +21,7 @@ def _config(**overrides: str) -> TrainerConfig:
 
 def test_a_valid_environment_resolves() -> None:
     config = _config(**{contract.ENV_BATCHING: "dynamic", contract.ENV_LR_SCALING: "sqrt"})
-    assert (config.virtual_nodes, config.global_batch_size, config.samples_per_virtual_node) == (8, 64, 8)
+    assert (config.virtual_nodes, config.global_batch_size, config.max_global_batch_size) == (8, 64, None)
     assert (config.rdzv_host, config.rdzv_port) == ("rdzv", 29400)
     assert config.batching == "dynamic" and config.lr_scaling == "sqrt"
     assert TrainerConfig.from_json(config.to_json()) == config

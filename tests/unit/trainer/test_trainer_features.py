@@ -25,7 +25,7 @@ from ebbflow_trainer.api import LossScaling, SpecError, TrainingSpec, load_spec
 from ebbflow_trainer.data import VirtualNodeLoader, VirtualNodePlan, build_batch
 from ebbflow_trainer.engine import StepResult, VirtualNodeEngine
 from ebbflow_trainer.evaluation import Evaluation
-from ebbflow_trainer.sharding import virtual_node_indices
+from ebbflow_trainer.sharding import DataPosition, virtual_node_indices
 from ebbflow_trainer.update import LossScaler
 from torch.utils.data import Dataset, TensorDataset
 
@@ -395,13 +395,13 @@ def test_an_eval_fn_returning_no_metrics_is_named(returned: Any) -> None:
 def test_the_plan_yields_each_virtual_nodes_indices_in_order() -> None:
     config = trainer_config(max_replicas=V, virtual_nodes=V, global_batch_size=B, seed=3)
     plan = VirtualNodePlan(config, num_samples=96)
-    plan.restart(5, [1, 2])
+    plan.restart(5, [1, 2], DataPosition(B))
     keys = iter(plan)
     for step in (5, 6, 7, 8, 9, 10, 11):  # crosses the epoch boundary (6 steps of 16 per epoch)
         for k in (1, 2):
             got_step, got_k, indices = next(keys)
             expected = virtual_node_indices(
-                seed=3, step=step, virtual_node=k, num_samples=96, global_batch_size=B, virtual_nodes=V
+                seed=3, step=step, virtual_node=k, num_samples=96, virtual_nodes=V, position=DataPosition(B)
             )
             assert (got_step, got_k) == (step, k) and torch.equal(indices, expected)
 
@@ -429,7 +429,7 @@ def test_loader_processes_build_the_same_batches_and_stop_on_close() -> None:
     try:
         # The assignment changes at step 2 (dynamic batching): the loader restarts from the new one.
         for step, nodes in [(0, [0, 1]), (1, [0, 1]), (2, [0, 1, 2]), (3, [0, 1, 2]), (5, [3])]:
-            loader.prepare(step, nodes)
+            loader.prepare(step, nodes, DataPosition(B))
             for k in nodes:
                 expected = build_batch(spec, config.seed, step, k, plan.indices(step, k))
                 got = loader.batch(step, k)

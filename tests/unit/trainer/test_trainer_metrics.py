@@ -30,6 +30,7 @@ def test_metrics_endpoint_exposes_the_trainer_series() -> None:
     for series in (
         "samples_per_second",
         "virtual_nodes",
+        "global_batch_size",
         "worker_samples_per_step",
         "loss",
         "steps_lost_total",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 from ebbflow_trainer.batching import DynamicBatchingController, proportional_shares, round_shares
-from ebbflow_trainer.sharding import even_counts, ranges_from_counts, virtual_node_indices
+from ebbflow_trainer.sharding import DataPosition, even_counts, ranges_from_counts, virtual_node_indices
 
-SETTINGS = {"num_samples": 100, "global_batch_size": 32, "virtual_nodes": 4}
+SETTINGS = {"num_samples": 100, "virtual_nodes": 4, "position": DataPosition(global_batch_size=32)}
 
 
 def test_a_virtual_node_sees_the_same_samples_whatever_runs_it() -> None:
