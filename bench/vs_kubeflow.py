@@ -19,7 +19,7 @@ pod phases. Systems: ``ebbflow``; ``kubeflow`` (the documented defaults: no maxR
 rendezvous timeouts); ``kubeflow-tuned`` (maxRestarts 100 and Ebbflow's rendezvous timings: last call
 1 s, heartbeats every second, 3 missed).
 
-    .venv/bin/python bench/vs_kubeflow.py [--systems ebbflow,kubeflow,kubeflow-tuned] [--steps 1500]
+    .venv/bin/python bench/vs_kubeflow.py [--systems ebbflow,kubeflow,kubeflow-tuned] [--steps 1000]
 
 Results under bench/results/vs-kubeflow/<UTC time>/: each run's raw journals and pod logs,
 results.json and table.md.
@@ -436,7 +436,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--systems", default="ebbflow,kubeflow,kubeflow-tuned")
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument(
         "--vnode-seconds", type=float, default=0.05, help="simulated device time per 64 samples"
     )
