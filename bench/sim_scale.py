@@ -3,7 +3,9 @@
     .venv/bin/python bench/sim_scale.py [--jobs 10000] [--gpus 4096] [--policy fair ...] [--profile]
 
 Same cluster shape as sim_policies.py (8 GPUs per node, half spot, 0.05 preemptions per spot
-node-hour). Prints per policy the wall time, the passes (allocate() calls) and the seconds per pass;
+node-hour). Prints per policy the wall time, the process's CPU time (on a shared machine the wall
+time is inflated by contention, the CPU time much less), the 1-minute load average before and after,
+the passes (allocate() calls) and the seconds per pass;
 `--profile` prints the top functions by cumulative time. Writes bench/results/sim_scale.json.
 """
 
@@ -39,20 +41,27 @@ def run(policy: str, args: argparse.Namespace) -> dict[str, float | int | str]:
     config = SimConfig(cluster=cluster, seed=args.seed, tick_s=args.tick_s, debounce_s=args.debounce_s)
     jobs = generate(TraceConfig(jobs=args.jobs, gpus=args.gpus, load=args.load), args.seed)
     sim = CountingSimulation(jobs, policy, config)
-    started = time.perf_counter()
+    load_before = _load()
+    started, cpu_started = time.perf_counter(), time.process_time()
     if args.profile:
         profile = cProfile.Profile()
         result = profile.runcall(sim.run)
         pstats.Stats(profile).sort_stats("cumulative").print_stats(18)
     else:
         result = sim.run()
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     return {
         **result.summary(),
         "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "load_1min_before_after": [load_before, _load()],
         "passes": sim.passes,
         "s_per_pass": round(wall / max(1, sim.passes), 4),
     }
+
+
+def _load() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def main() -> None:

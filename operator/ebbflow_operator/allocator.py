@@ -30,7 +30,17 @@ class Demand:
     eligible: frozenset[str]  # nodes the job may use
     priority: int = 0
     created: float = 0.0
-    current_nodes: tuple[str, ...] = ()  # nodes of the job's running workers, one entry per worker
+    # Nodes of the job's running workers, one entry per worker, most-used node first (`most_used_first`):
+    # a shrinking job keeps the first ones, so it keeps its workers together.
+    current_nodes: tuple[str, ...] = ()
+
+
+def most_used_first(nodes: Sequence[str]) -> tuple[str, ...]:
+    """One entry per worker, the nodes holding most of the job's workers first (then by name): the
+    order in which a job keeps its workers when it shrinks, so that it leaves the nodes where it
+    has fewest and its remaining workers span as few nodes as they can."""
+    counts = Counter(nodes)
+    return tuple(sorted(nodes, key=lambda node: (-counts[node], node)))
 
 
 # What a packing's preferences look at on a node besides its name: (free GPUs, GPUs that would

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ebbflow_api import contract
 
-from .allocator import Demand, Policy, allocate
+from .allocator import Demand, Policy, allocate, most_used_first
 from .capacity import cluster_capacity, eligible_nodes, matches_selector
 from .model import Job, JobKey, Node, Pod
 from .planner import TERMINAL_PHASES, Observed, Plan, PlannerConfig, hold_cap, plan_job
@@ -130,5 +130,5 @@ def _demand(job: Job, held: Sequence[Pod], eligible: frozenset[str], now: float)
         eligible=eligible,
         priority=job.spec.priority,
         created=job.created,
-        current_nodes=tuple(sorted(p.node for p in held if p.node and not p.deleting)),
+        current_nodes=most_used_first([p.node for p in held if p.node and not p.deleting]),
     )

@@ -43,6 +43,7 @@ succeeded the job neither grows nor replaces workers: the others are finishing t
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -468,15 +469,33 @@ def target_size(
 
 
 def victims(active: Sequence[Pod], count: int, nodes: Mapping[str, Node]) -> list[Pod]:
-    """The `count` workers a scale-down removes: unscheduled ones first (they hold nothing), then spot
-    before on-demand (likely taken soon anyway), then the newest, then the highest index."""
+    """The `count` workers a scale-down removes, one at a time: unscheduled ones first (they hold
+    nothing), then one on the node now holding fewest of the job's workers (the rest stay together:
+    fewer nodes, less cross-node sync; the allocator keeps workers in the same spirit,
+    `allocator.most_used_first`), then spot before on-demand (likely taken soon anyway), then the
+    newest, then the highest index."""
+    on_node = Counter(p.node for p in active if p.node)
 
-    def order(pod: Pod) -> tuple[bool, bool, float, int]:
+    def order(pod: Pod) -> tuple[bool, int, bool, float, int]:
         node = nodes.get(pod.node) if pod.node else None
         spot = node.spot if node else False
-        return (pod.node is not None, not spot, -pod.created, -(manifests.worker_index(pod.name) or 0))
+        together = on_node[pod.node] if pod.node else 0
+        return (
+            pod.node is not None,
+            together,
+            not spot,
+            -pod.created,
+            -(manifests.worker_index(pod.name) or 0),
+        )
 
-    return sorted(active, key=order)[: max(0, count)]
+    remaining, chosen = list(active), []
+    for _ in range(min(max(0, count), len(remaining))):
+        victim = min(remaining, key=order)
+        remaining.remove(victim)
+        chosen.append(victim)
+        if victim.node:
+            on_node[victim.node] -= 1
+    return chosen
 
 
 def resize(job: Job, active: Sequence[Pod], target: int, disrupted: bool, observed: Observed) -> Sizing:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from .. import policies
-from ..allocator import Demand, Packing, Policy
+from ..allocator import Demand, Packing, Policy, most_used_first
 from ..model import JobKey
 from ..policies import JobMetrics, NodeDevices, SlicedPacking, policy_named
 from .state import JobState
@@ -43,7 +43,7 @@ def demand(state: JobState, eligible: frozenset[str]) -> Demand:
         eligible=eligible,
         priority=job.priority,
         created=job.arrival_s,
-        current_nodes=tuple(sorted(state.workers)),
+        current_nodes=most_used_first(state.workers),
     )
 
 

@@ -6,7 +6,7 @@ The cases every policy shares (bounds, holds, whole pods per node, priority leve
 from __future__ import annotations
 
 import pytest
-from ebbflow_operator.allocator import Demand, Packing, PriorityFairShare
+from ebbflow_operator.allocator import Demand, Packing, PriorityFairShare, most_used_first
 
 from tests.builders import NODES4, make_demand
 
@@ -79,6 +79,28 @@ def test_running_workers_keep_their_nodes() -> None:
     sticky = make_demand("s", 1, 2, nodes={"a": 4, "b": 4}, current=("b", "b"))
     assert packing.place(sticky) and packing.place(sticky)
     assert packing.free == {"a": 4, "b": 2}
+
+
+@pytest.mark.parametrize(
+    ("nodes", "expected"),
+    [
+        pytest.param((), (), id="none"),
+        pytest.param(("b", "a", "b"), ("b", "b", "a"), id="most-used-first"),
+        pytest.param(("c", "a", "c", "a"), ("a", "a", "c", "c"), id="by-name-on-a-tie"),
+        pytest.param(("x", "y", "z", "y", "y", "x"), ("y", "y", "y", "x", "x", "z"), id="three-nodes"),
+    ],
+)
+def test_most_used_first(nodes: tuple[str, ...], expected: tuple[str, ...]) -> None:
+    assert most_used_first(nodes) == expected
+
+
+def test_a_shrinking_job_keeps_the_workers_that_are_together() -> None:
+    """Two of three workers kept: the two on one node, not one on each (fewer nodes, less sync)."""
+    free = {"a": 4, "b": 4}
+    packing = Packing(free)
+    shrinking = make_demand("s", 1, 3, nodes=free, current=most_used_first(("a", "b", "b")))
+    assert packing.place(shrinking) and packing.place(shrinking)
+    assert packing.nodes_of(shrinking.key) == ["b", "b"]
 
 
 def test_best_fit_leaves_large_holes_for_large_pods() -> None:

@@ -176,7 +176,7 @@ def test_preemption_is_not_failure(pod: Pod, lost: bool) -> None:
     assert result.create_workers == ((2, 2),), "a replacement under a new name"
 
 
-def test_scale_down_takes_spot_then_newest_and_gives_grace() -> None:
+def test_scale_down_keeps_workers_together_takes_spot_first_and_gives_grace() -> None:
     pods = [
         worker(0, "od-0", age=500),
         worker(1, "spot-0", age=400),
@@ -184,8 +184,8 @@ def test_scale_down_takes_spot_then_newest_and_gives_grace() -> None:
         worker(3, "od-1", age=300),
     ]
     result = plan(job(lo=1, status=running_status(pods, 4)), pods, 2)
-    assert [(d.name, d.grace_seconds) for d in result.delete] == [("j-worker-1", 30), ("j-worker-2", 30)]
-    assert result.status["workerNodes"] == {"j-worker-0": "od-0", "j-worker-3": "od-1"}
+    assert [(d.name, d.grace_seconds) for d in result.delete] == [("j-worker-1", 30), ("j-worker-0", 30)]
+    assert result.status["workerNodes"] == {"j-worker-2": "od-1", "j-worker-3": "od-1"}
     assert result.status["lastRescale"]["reason"] == "CapacityReclaimed"
     assert result.status["phase"] == "Scaling"
 

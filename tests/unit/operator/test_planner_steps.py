@@ -673,6 +673,18 @@ def test_target_size(
             id="highest-index-on-a-tie",
         ),
         pytest.param(
+            [worker(0, "spot-0", age=500), worker(1, "spot-0", age=10), worker(2, "od-0", age=5)],
+            1,
+            ["j-worker-2"],
+            id="fewest-on-their-node-before-spot",
+        ),
+        pytest.param(
+            [worker(0, "od-0"), worker(1, "od-1"), worker(2, "od-1"), worker(3, "od-0"), worker(4, "spot-0")],
+            3,
+            ["j-worker-4", "j-worker-3", "j-worker-0"],
+            id="the-rest-stay-on-one-node",
+        ),
+        pytest.param(
             [worker(0, "gone"), worker(1, "spot-0")], 1, ["j-worker-1"], id="unknown-node-is-on-demand"
         ),
         pytest.param([worker(0), worker(1)], 0, [], id="none"),
