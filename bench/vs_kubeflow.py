@@ -20,6 +20,7 @@ rendezvous timeouts); ``kubeflow-tuned`` (maxRestarts 100 and Ebbflow's rendezvo
 1 s, heartbeats every second, 3 missed).
 
     .venv/bin/python bench/vs_kubeflow.py [--systems ebbflow,kubeflow,kubeflow-tuned] [--steps 1000]
+    .venv/bin/python bench/vs_kubeflow.py --compare RUN_DIR RUN_DIR   # is a second run within 30 %?
 
 Results under bench/results/vs-kubeflow/<UTC time>/: each run's raw journals and pod logs,
 results.json and table.md.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import shutil
 import sys
 import time
@@ -433,6 +435,56 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+REPEAT_TOLERANCE = 0.30  # the issue's "the same numbers within 30 % on a second run"
+
+
+def _difference(first: Any, second: Any) -> tuple[str, bool]:
+    """A cell of the repeatability table and whether it repeats: numbers within REPEAT_TOLERANCE of
+    the first run's (equal counts repeat; a cell measured in one run only does not), anything else
+    equal."""
+    if isinstance(first, int | float) and isinstance(second, int | float):
+        change = abs(second - first) / abs(first) if first else (0.0 if second == first else math.inf)
+        return f"{first} / {second} ({change:.0%})", change <= REPEAT_TOLERANCE
+    return f"{_cell(first)} / {_cell(second)}", first == second
+
+
+def repeatability(first: dict[str, Any], second: dict[str, Any]) -> tuple[str, list[str]]:
+    """Two runs' results.json side by side: a markdown table of every figure (first / second, the
+    change relative to the first) and the cells that did not repeat."""
+    lines = [
+        "| system | figure | first / second (change) | repeats |",
+        "|---|---|---|---|",
+    ]
+    misses: list[str] = []
+
+    def add(system: str, figure: str, a: Any, b: Any) -> None:
+        text, repeats = _difference(a, b)
+        lines.append(f"| {system} | {figure} | {text} | {'yes' if repeats else '**no**'} |")
+        if not repeats:
+            misses.append(f"{system}: {figure}")
+
+    for system in [name for name in first["results"] if name in second["results"]]:
+        one, two = first["results"][system], second["results"][system]
+        rows = {r["disruption"]: r for r in two["rows"]}
+        for row in one["rows"]:
+            other = rows.get(row["disruption"], {})
+            for key, label in (("resumed_after_s", "trains again after (s)"), ("steps_lost", "steps lost")):
+                add(system, f"{row['disruption']}: {label}", row[key], other.get(key))
+            add(system, f"{row['disruption']}: resumed from", row["source"], other.get("source"))
+        for job in ("calm", "disrupted"):
+            add(system, f"{job} job (s)", one[job]["job_seconds"], two[job]["job_seconds"])
+        add(system, "outcome", one["disrupted"]["outcome"], two["disrupted"]["outcome"])
+    return "\n".join(lines) + "\n", misses
+
+
+def compare(first_dir: Path, second_dir: Path) -> int:
+    first, second = (json.loads((d / "results.json").read_text()) for d in (first_dir, second_dir))
+    text, misses = repeatability(first, second)
+    print(text)
+    print(f"{len(misses)} figure(s) outside {REPEAT_TOLERANCE:.0%}: {', '.join(misses) or 'none'}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--systems", default="ebbflow,kubeflow,kubeflow-tuned")
@@ -443,7 +495,10 @@ def main() -> int:
     parser.add_argument(
         "--patience", type=float, default=240, help="seconds to wait for training after a disruption"
     )
+    parser.add_argument("--compare", nargs=2, type=Path, metavar="RUN_DIR", help="two runs' folders")
     args = parser.parse_args()
+    if args.compare:
+        return compare(*args.compare)
     systems: dict[str, System] = {
         "ebbflow": Ebbflow(),
         "kubeflow": Kubeflow(False),
