@@ -448,6 +448,13 @@ def _difference(first: Any, second: Any) -> tuple[str, bool]:
     return f"{_cell(first)} / {_cell(second)}", first == second
 
 
+def _kept(source: str | None) -> str | None:
+    """Where training resumed from, as the repeatability check compares it: from memory or from a peer
+    are both state kept without a checkpoint (which one depends on which worker the new world's rank 0
+    is), so they count as the same."""
+    return "memory or peer" if source in ("memory", "peer") else source
+
+
 def repeatability(first: dict[str, Any], second: dict[str, Any]) -> tuple[str, list[str]]:
     """Two runs' results.json side by side: a markdown table of every figure (first / second, the
     change relative to the first) and the cells that did not repeat."""
@@ -470,7 +477,7 @@ def repeatability(first: dict[str, Any], second: dict[str, Any]) -> tuple[str, l
             other = rows.get(row["disruption"], {})
             for key, label in (("resumed_after_s", "trains again after (s)"), ("steps_lost", "steps lost")):
                 add(system, f"{row['disruption']}: {label}", row[key], other.get(key))
-            add(system, f"{row['disruption']}: resumed from", row["source"], other.get("source"))
+            add(system, f"{row['disruption']}: resumed from", *(_kept(r.get("source")) for r in (row, other)))
         for job in ("calm", "disrupted"):
             add(system, f"{job} job (s)", one[job]["job_seconds"], two[job]["job_seconds"])
         add(system, "outcome", one["disrupted"]["outcome"], two["disrupted"]["outcome"])

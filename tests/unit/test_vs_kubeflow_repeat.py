@@ -47,7 +47,10 @@ def run(resumed: float | None, lost: int, source: str = "memory", calm: float = 
         pytest.param(
             run(None, 4), ["ebbflow: a: worker node lost: trains again after (s)"], id="measured-once-only"
         ),
-        pytest.param(run(10.0, 4, "peer"), ["ebbflow: a: worker node lost: resumed from"], id="other-source"),
+        pytest.param(run(10.0, 4, "peer"), [], id="memory-or-peer-both-keep-state"),
+        pytest.param(
+            run(10.0, 4, "checkpoint"), ["ebbflow: a: worker node lost: resumed from"], id="checkpoint-is-not"
+        ),
     ],
 )
 def test_repeatability_flags_what_did_not_repeat(second: dict[str, Any], misses: list[str]) -> None:
