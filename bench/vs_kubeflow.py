@@ -293,7 +293,11 @@ def disrupt(
     with contextlib.suppress(TimeoutError):
         wait_for(trained_again, patience, f"{system.name} training again after {label}")
     found = recovered(system, job, label, at)
-    return Row(system.name, label, *_figures(found)), at
+    row = Row(system.name, label, *_figures(found))
+    if found.resumed_after_s is None:
+        ended = system.outcome(kind, job)
+        row.note = f"the job ended ({ended}) first" if ended else f"no step within {patience:.0f} s"
+    return row, at
 
 
 def recovered(system: System, job: str, label: str, at: float) -> rec.Recovery:
