@@ -54,9 +54,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
+
+from .search import golden_min, grid_then_golden
 
 GAMMA_MIN = 1.0
 GAMMA_MAX = 10.0
@@ -315,7 +317,7 @@ def _fit_compute(data: Sequence[Measurement], base: ThroughputParams) -> Through
     def error(contention: float) -> float:
         return _compute_error(data, _compute_line(data, replace(base, contention=contention)))
 
-    found = _golden_min(error, 0.0, CONTENTION_MAX)
+    found = golden_min(error, 0.0, CONTENTION_MAX)
     best = min((0.0, found), key=error)
     return _compute_line(data, replace(base, contention=best))
 
@@ -370,24 +372,6 @@ def _fit_sync(
     return params, error
 
 
-def _golden_min(f: Callable[[float], float], lo: float, hi: float, rounds: int = 20) -> float:
-    """Golden-section search; each round reuses one of the previous round's two evaluations."""
-    ratio = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = lo, hi
-    c, d = b - ratio * (b - a), a + ratio * (b - a)
-    fc, fd = f(c), f(d)
-    for _ in range(rounds):
-        if fc <= fd:
-            b, d, fd = d, c, fc
-            c = b - ratio * (b - a)
-            fc = f(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + ratio * (b - a)
-            fd = f(d)
-    return (a + b) / 2.0
-
-
 def fit(measurements: Sequence[Measurement], prior: ThroughputParams | None = None) -> ThroughputParams:
     """The parameters that best explain the measurements; the prior where they say nothing."""
     base = prior if prior is not None else ThroughputParams.prior()
@@ -399,10 +383,7 @@ def fit(measurements: Sequence[Measurement], prior: ThroughputParams | None = No
     if not any(m.workers >= 2 for m in data):
         return base
     grid = [GAMMA_MIN * (GAMMA_MAX / GAMMA_MIN) ** (i / 12) for i in range(13)]
-    errors = [_fit_sync(data, base, g)[1] for g in grid]
-    best = min(range(len(grid)), key=lambda i: errors[i])
-    lo, hi = grid[max(0, best - 1)], grid[min(len(grid) - 1, best + 1)]
-    gamma = _golden_min(lambda g: _fit_sync(data, base, g)[1], lo, hi)
+    gamma = grid_then_golden(lambda g: _fit_sync(data, base, g)[1], grid)
     return _fit_sync(data, base, gamma)[0]
 
 

@@ -319,6 +319,7 @@ DECISION_MODULES = [
     "model",
     "throughput",
     "loss_curve",
+    "search",
     "policies",
     "history",
     # The simulator runs the policies above; it must never reach the Kubernetes I/O layer.
