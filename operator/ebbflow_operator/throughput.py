@@ -343,31 +343,53 @@ def _implied_sync(m: Measurement, compute: float, overhead: float, gamma: float)
     return float((last**gamma - compute**gamma) ** (1.0 / gamma))
 
 
-def _fit_sync(
-    data: Sequence[Measurement], base: ThroughputParams, gamma: float
-) -> tuple[ThroughputParams, float]:
-    """Best sync lines for this gamma and their squared error in step seconds."""
-    params = replace(base, gamma=gamma)
-    for local in (True, False):
-        group = [m for m in data if m.workers >= 2 and (m.nodes <= 1) == local]
-        if not group:
-            continue
-        xs = [float(m.workers - 2) for m in group]
-        ys = [
-            _implied_sync(
-                m,
-                base.slowed_compute_s(m.placement, m.micro_batch, m.accum_steps, m.tail),
-                base.overhead,
-                gamma,
-            )
-            for m in group
+@dataclass(frozen=True)
+class _SyncData:
+    """What the search over gamma needs of the measurements and does not depend on gamma, worked out
+    once per fit: each measurement's placement and slowed compute seconds under the fitted compute
+    line, and the multi-worker measurements grouped within one node (True) and across nodes (False)."""
+
+    measurements: list[Measurement]
+    placements: list[Placement]
+    computes: list[float]
+    groups: list[tuple[bool, list[int]]]
+
+    @classmethod
+    def of(cls, data: Sequence[Measurement], base: ThroughputParams) -> _SyncData:
+        placements = [m.placement for m in data]
+        computes = [
+            base.slowed_compute_s(p, m.micro_batch, m.accum_steps, m.tail)
+            for m, p in zip(data, placements, strict=True)
         ]
-        slope = base.beta_local if local else base.beta_net
-        alpha, beta = _line(xs, ys, slope)
-        fields = ("alpha_local", "beta_local") if local else ("alpha_net", "beta_net")
-        params = replace(params, **{fields[0]: alpha, fields[1]: beta})
+        groups = []
+        for local in (True, False):
+            indices = [i for i, m in enumerate(data) if m.workers >= 2 and (m.nodes <= 1) == local]
+            if indices:
+                groups.append((local, indices))
+        return cls(list(data), placements, computes, groups)
+
+
+def _fit_sync(data: _SyncData, base: ThroughputParams, gamma: float) -> tuple[ThroughputParams, float]:
+    """Best sync lines for this gamma and their squared error in step seconds (`step_s`'s arithmetic,
+    with the compute seconds that do not depend on gamma taken from `data`)."""
+    lines: dict[str, float] = {"gamma": gamma}
+    for local, indices in data.groups:
+        xs = [float(data.measurements[i].workers - 2) for i in indices]
+        ys = [_implied_sync(data.measurements[i], data.computes[i], base.overhead, gamma) for i in indices]
+        alpha, beta = _line(xs, ys, base.beta_local if local else base.beta_net)
+        lines |= (
+            {"alpha_local": alpha, "beta_local": beta} if local else {"alpha_net": alpha, "beta_net": beta}
+        )
+    params = replace(base, **lines)
     error = sum(
-        (params.step_s(m.placement, m.micro_batch, m.accum_steps, m.tail) - m.step_s) ** 2 for m in data
+        (
+            m.accum_steps * compute
+            + _overlap(compute, params.sync_s(placement), gamma)
+            + params.overhead
+            - m.step_s
+        )
+        ** 2
+        for m, placement, compute in zip(data.measurements, data.placements, data.computes, strict=True)
     )
     return params, error
 
@@ -383,8 +405,9 @@ def fit(measurements: Sequence[Measurement], prior: ThroughputParams | None = No
     if not any(m.workers >= 2 for m in data):
         return base
     grid = [GAMMA_MIN * (GAMMA_MAX / GAMMA_MIN) ** (i / 12) for i in range(13)]
-    gamma = grid_then_golden(lambda g: _fit_sync(data, base, g)[1], grid)
-    return _fit_sync(data, base, gamma)[0]
+    sync = _SyncData.of(data, base)
+    gamma = grid_then_golden(lambda g: _fit_sync(sync, base, g)[1], grid)
+    return _fit_sync(sync, base, gamma)[0]
 
 
 @lru_cache(maxsize=4096)
