@@ -94,7 +94,7 @@ def _solve(points: _Points, b: float) -> tuple[float, float, float]:
 
     Weighted least squares of loss on x = 1/(k + b), in centred sums: a = Sxy / Sxx, c = mean loss
     - a * mean x, and the error Syy - a * Sxy (which is also Syy when a is clamped at 0), so no pass
-    over the residuals. A fit solves this about 47 times and the quality policy refits a job at each
+    over the residuals. A fit solves this 35 times and the quality policy refits a job at each
     new loss report (hundreds of thousands of fits in a 10,000-job simulation): what does not depend
     on b comes from `_Points`, and the sums run over plain lists with C-level `map`.
     """
@@ -110,11 +110,14 @@ def _solve(points: _Points, b: float) -> tuple[float, float, float]:
 
 
 def _best_b(points: _Points) -> float:
-    """A log grid over b (1 step .. 10x the span), then golden-section refinement in log b."""
+    """A log grid over b (1 step .. 10x the span), then golden-section refinement in log b.
+
+    13 grid points: on 1,500 random noisy curves the fitted normalised reductions differ from a
+    25-point grid's by < 1e-7 (9 points: < 1e-7 too; the error is unimodal in log b in practice)."""
     steps = points.steps
     span = max(steps) - min(steps)
     hi = math.log(10.0 * span + 10.0 + max(steps))
-    grid = [hi * i / 24 for i in range(25)]
+    grid = [hi * i / 12 for i in range(13)]
     return math.exp(grid_then_golden(lambda log_b: _solve(points, math.exp(log_b))[2], grid))
 
 
