@@ -11,7 +11,7 @@ plugin, the operator's chart. When any of it fails, tests skip on a developer ma
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,6 +27,8 @@ from ebbflow_operator.devcluster.kind import (
     set_up,
 )
 
+from .diagnostics import cluster_state
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
@@ -35,6 +37,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
             # The first test also pays for the session's setup (images, cluster).
             item.add_marker(pytest.mark.timeout(SETUP_TIMEOUT_S))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed e2e test's report carries the cluster's state at that moment (e2e/diagnostics.py)."""
+    report = yield
+    cluster = getattr(item, "funcargs", {}).get("kind")
+    if report.when == "call" and report.failed and isinstance(cluster, Kind):
+        report.sections.append(("cluster state at the failure", cluster_state(cluster)))
+    return report
 
 
 def _timing(step: str) -> None:

@@ -1,0 +1,49 @@
+"""What the cluster looked like when an e2e test failed, attached to the test's report (conftest's
+`pytest_runtest_makereport`): a CI log then shows why a wait timed out (a pod Pending and the
+scheduler's reason, a worker crash-looping and its last lines, a Cilium agent not ready) instead of
+only that it did. Best effort: a command that fails adds its error, never raises."""
+
+from __future__ import annotations
+
+from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, RELEASE_NAMESPACE, Kind, KindError
+
+LOG_LINES = 25  # per pod: the trainer's last resumptions and steps
+EVENTS = 40
+
+
+def _section(kind: Kind, title: str, *args: str) -> str:
+    try:
+        body = kind.kubectl(*args, timeout=60)
+    except KindError as error:
+        body = f"(failed: {error})"
+    return f"--- {title}: kubectl {' '.join(args)}\n{body.rstrip()}\n"
+
+
+def cluster_state(kind: Kind) -> str:
+    """Nodes, every pod, the e2e namespace's jobs and latest events, the last lines of each of its
+    pods' logs (previous container too, when one restarted) and of the operator's."""
+    parts = [
+        _section(kind, "nodes", "get", "nodes", "-o", "wide"),
+        _section(kind, "pods", "get", "pods", "-A", "-o", "wide"),
+        _section(kind, "jobs", "-n", E2E_NAMESPACE, "get", "elastictrainingjobs", "-o", "yaml"),
+        _section(
+            kind, "events", "-n", E2E_NAMESPACE, "get", "events", "--sort-by=.lastTimestamp", "-o", "wide"
+        ),
+    ]
+    try:
+        pods = kind.json("-n", E2E_NAMESPACE, "get", "pods")["items"]
+    except KindError as error:
+        pods = []
+        parts.append(f"--- e2e pods unreadable: {error}\n")
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        current = ("-n", E2E_NAMESPACE, "logs", name, f"--tail={LOG_LINES}")
+        parts.append(_section(kind, f"log of {name}", *current))
+        restarts = sum(s.get("restartCount", 0) for s in pod.get("status", {}).get("containerStatuses", []))
+        if restarts:
+            previous = ("-n", E2E_NAMESPACE, "logs", name, "--previous", f"--tail={LOG_LINES}")
+            parts.append(_section(kind, f"previous log of {name}", *previous))
+    selector = "app.kubernetes.io/component=operator"
+    operator_log = ("-n", RELEASE_NAMESPACE, "logs", "-l", selector, "--prefix", f"--tail={LOG_LINES * 2}")
+    parts.append(_section(kind, "operator", *operator_log))
+    return "\n".join(parts)[-60_000:]
