@@ -46,4 +46,7 @@ def cluster_state(kind: Kind) -> str:
     selector = "app.kubernetes.io/component=operator"
     operator_log = ("-n", RELEASE_NAMESPACE, "logs", "-l", selector, "--prefix", f"--tail={LOG_LINES * 2}")
     parts.append(_section(kind, "operator", *operator_log))
+    # The NetworkPolicy enforcer: its drops and regenerations when a job's own traffic is refused.
+    cilium_log = ("-n", "kube-system", "logs", "-l", "k8s-app=cilium", "--prefix", f"--tail={LOG_LINES}")
+    parts.append(_section(kind, "Cilium agents", *cilium_log))
     return "\n".join(parts)[-60_000:]

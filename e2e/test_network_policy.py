@@ -61,9 +61,10 @@ def test_only_the_jobs_pods_reach_its_rendezvous_store(kind: Kind, namespace: st
     jobs.apply(kind, jobs.digits_job("fenced", 2, 2, steps=3000, vnode_seconds=0.05))
     kind.kubectl("apply", "-f", "-", input=yaml.safe_dump(stranger_pod("stranger")))
     jobs.wait_phase(kind, "fenced", "Running")
-    wait_for(
-        lambda: len(jobs.running_workers(kind, "fenced")) == 2, jobs.JOB_DEADLINE_S, "two workers running"
-    )
+    # Training together: each worker's process (and so its metrics port) is up, and the job's own
+    # traffic (store, collectives) got through the policy.
+    training = "two workers training"
+    wait_for(lambda: jobs.all_training_together(kind, "fenced", 2), jobs.JOB_DEADLINE_S, training)
     kind.kubectl(
         "-n", namespace, "wait", "--for=condition=Ready", "pod/stranger", "--timeout=300s", timeout=320
     )
