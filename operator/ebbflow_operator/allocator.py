@@ -193,10 +193,13 @@ class Policy(Protocol):
 
 @dataclass(frozen=True)
 class Allocation:
-    """Every job's worker count and, for jobs whose spec lets it change, the global batch chosen."""
+    """Every job's worker count, for jobs whose spec lets it change the global batch chosen, and for
+    jobs that keep their size but should run on one node instead of several, that node once per
+    worker that moves (the workers moved are all those not on it)."""
 
     counts: dict[JobKey, int]
     global_batch: dict[JobKey, int] = field(default_factory=dict)
+    moves: dict[JobKey, tuple[str, ...]] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -89,6 +89,7 @@ def decide(
             free_gpus=sum(capacity.free.get(name, 0) for name in eligible[job.key]),
             network_policies=network_policies.get(job.key, frozenset()),
             global_batch=allocation.global_batch.get(job.key),
+            moves=allocation.moves.get(job.key, ()),
         )
         plans.append(plan_job(job, observed, now, config.planner))
     used = sum(p.gpus for p in pods if p.holds_gpus and p.node in capacity.free)

@@ -129,14 +129,31 @@ def _project_global_batch(spec: Json) -> None:
         container["volumeMounts"] = [*mounts, mount]
 
 
+def pin_to_node(spec: Json, node: str) -> None:
+    """Requires the pod to run on `node`, by name (`matchFields` on metadata.name, as the DaemonSet
+    controller pins its pods), and still to meet every node-affinity term of the template: the
+    field is added to each of its required terms (terms are ORed, a term's parts ANDed)."""
+    by_name = {"key": "metadata.name", "operator": "In", "values": [node]}
+    affinity = spec.setdefault("affinity", {})
+    required = affinity.setdefault("nodeAffinity", {}).setdefault(
+        "requiredDuringSchedulingIgnoredDuringExecution", {}
+    )
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [
+        {**term, "matchFields": [*(term.get("matchFields") or []), by_name]} for term in terms
+    ]
+
+
 def worker_pod(
     job: Job,
     index: int,
     world_generation: int,
     service_accounts: Mapping[str, str] | None = None,
     global_batch: int | None = None,
+    node: str | None = None,
 ) -> Json:
-    """A worker: the job's template plus the contract's labels, annotations and environment.
+    """A worker: the job's template plus the contract's labels, annotations and environment; with
+    `node`, required to run there (`pin_to_node`: it replaces workers moved onto that node).
 
     `service_accounts` (namespace -> name, "" for every namespace) names the ServiceAccount of
     workers whose template sets none: the trainer patches its own pod's progress annotation with
@@ -152,6 +169,8 @@ def worker_pod(
         contract_names = {e["name"] for e in env}
         kept = [e for e in container.get("env") or [] if e.get("name") not in contract_names]
         container["env"] = kept + env
+    if node is not None:
+        pin_to_node(spec, node)
     spec["restartPolicy"] = "Never"
     spec["terminationGracePeriodSeconds"] = job.spec.leave_grace_seconds
     spec["hostname"] = worker_name(job.name, index)

@@ -14,7 +14,8 @@ frozen values the steps before it returned:
                              Succeeded; clean-up
     pending_timeout          workers unscheduled for too long -> withdrawn, and a hold on the size
     target_size              allocator's size, hold, spec.replicas.min -> how many workers to have
-    resize                   the scale-down's `victims`, `new_workers`, the world generation
+    resize                   the scale-down's `victims` or the policy's `movers`, `new_workers`,
+                             the world generation
     rendezvous_and_services  the rendezvous pod (replaced when it ends), the job's Services and
                              NetworkPolicy
     global_batch             (spec.maxGlobalBatchSize only) the policy's B -> the workers'
@@ -113,6 +114,7 @@ class BatchUpdate:
 class Plan:
     job: Job
     create_workers: tuple[tuple[int, int], ...] = ()  # (index, world generation)
+    pin_node: str | None = None  # the node every new worker must run on (a move onto one node)
     global_batch: int | None = None  # B for new workers (spec.maxGlobalBatchSize only)
     update_global_batch: tuple[BatchUpdate, ...] = ()
     delete: tuple[Deletion, ...] = ()
@@ -137,6 +139,7 @@ class Observed:
     free_gpus: int  # GPUs free on nodes the job may use (for messages)
     network_policies: frozenset[str] = frozenset()  # names of the job's NetworkPolicies that exist
     global_batch: int | None = None  # the policy's B for the job (None: the policy keeps B)
+    moves: tuple[str, ...] = ()  # the policy's node, once per worker to move onto it (Allocation.moves)
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,7 @@ class Sizing:
     delete: tuple[Deletion, ...] = ()  # the scale-down's victims
     create: tuple[tuple[int, int], ...] = ()  # (index, world generation) of new workers
     generation: int = 0
+    pin_node: str | None = None  # set when the new workers replace moved ones: where they must run
 
 
 @dataclass(frozen=True)
@@ -258,6 +262,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
     return Plan(
         job=job,
         create_workers=sizing.create,
+        pin_node=sizing.pin_node,
         global_batch=batch.value,
         update_global_batch=batch.update,
         delete=delete,
@@ -500,9 +505,13 @@ def victims(active: Sequence[Pod], count: int, nodes: Mapping[str, Node]) -> lis
 
 def resize(job: Job, active: Sequence[Pod], target: int, disrupted: bool, observed: Observed) -> Sizing:
     """Brings `active` to `target`: deletes the victims (bound ones get their leave grace) or adds new
-    workers. A new world generation starts when the set of workers changes (`disrupted`: it already
-    did this pass), so that every worker of one world carries the same number."""
-    chosen = victims(active, len(active) - target, observed.nodes)
+    workers; or, at the same size, replaces the workers the policy moves onto one node (`movers`)
+    with new ones pinned there. A new world generation starts when the set of workers changes
+    (`disrupted`: it already did this pass), so that every worker of one world carries the same
+    number."""
+    moving = movers(active, target, disrupted, observed.moves)
+    chosen = moving or victims(active, len(active) - target, observed.nodes)
+    why = "move onto one node" if moving else "scale down"
     staying = tuple(p for p in active if p not in chosen)
     missing = max(0, target - len(staying))
     generation = (job.status.world_generation or 0) + int(disrupted or bool(chosen) or missing > 0)
@@ -510,10 +519,22 @@ def resize(job: Job, active: Sequence[Pod], target: int, disrupted: bool, observ
     return Sizing(
         target=target,
         active=staying,
-        delete=tuple(Deletion(p.name, p.uid, grace if p.node else 0, "scale down") for p in chosen),
+        delete=tuple(Deletion(p.name, p.uid, grace if p.node else 0, why) for p in chosen),
         create=new_workers(job.name, missing, generation, {p.name for p in observed.pods}),
         generation=generation,
+        pin_node=observed.moves[0] if moving else None,
     )
+
+
+def movers(active: Sequence[Pod], target: int, disrupted: bool, moves: Sequence[str]) -> list[Pod]:
+    """The workers a move onto the policy's node replaces: every worker not on it, when the job keeps
+    its size, nothing else changed its workers this pass, all of them run on nodes and exactly as
+    many are elsewhere as the policy moves (it saw what this pass sees). Otherwise none: the next
+    pass decides again from what it observes."""
+    if not moves or disrupted or target != len(active) or any(p.node is None for p in active):
+        return []
+    away = [p for p in active if p.node != moves[0]]
+    return away if len(away) == len(moves) else []
 
 
 def new_workers(job_name: str, count: int, generation: int, taken: Set[str]) -> tuple[tuple[int, int], ...]:
@@ -594,7 +615,12 @@ def job_status(
     )
     preemptions = (status.preemptions or 0) + len(seen.lost)
     scheduling = () if ending.ended else (schedulable(job, target, timeout.hold, observed.free_gpus, config),)
-    rescaled = (Event("Normal", "Rescaled", f"{before} -> {target} workers ({reason})"),) if reason else ()
+    rescaled: tuple[Event, ...] = (
+        (Event("Normal", "Rescaled", f"{before} -> {target} workers ({reason})"),) if reason else ()
+    )
+    if sizing.pin_node is not None:
+        message = f"{len(sizing.create)} workers move onto node {sizing.pin_node}: the job runs on one node"
+        rescaled += (Event("Normal", "MovedOntoOneNode", message),)
     report = report_losses(seen.lost, preemptions) + ending.report + timeout.report
     report += Report(rescaled, (*scheduling, ready_condition))
     rescale = {"time": stamp, "from": before, "to": target, "reason": reason} if reason else None

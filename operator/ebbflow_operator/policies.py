@@ -33,13 +33,22 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import groupby
 from typing import TypeVar
 
-from .allocator import Allocation, Demand, NodeClass, Packing, Policy, PriorityFairShare, first_acceptable
+from .allocator import (
+    Allocation,
+    Demand,
+    NodeClass,
+    Packing,
+    Policy,
+    PriorityFairShare,
+    first_acceptable,
+)
 from .loss_curve import LossCurve, fit_loss_curve
 from .model import JobKey
 from .throughput import JobModel, Measurement, Placement, ThroughputParams, fit_cached
@@ -263,6 +272,44 @@ class SlicedPacking(Packing):
         speed = min([*speeds, self._speed(extra)] if extra else speeds, default=1.0)
         return Placement(workers=workers, nodes=max(1, len(real)), share=share, speed=speed)
 
+    def one_node_for(self, demand: Demand) -> tuple[str, ...]:
+        """Where the workers of a job spread over several nodes would go to run on one node, all on
+        devices of their own, one entry per worker that moves (every worker not on that node): the
+        job's own node that needs fewest moved (then by name), else the best-fitting other node
+        that holds the whole job. () when the job runs on one node already, or no node holds it
+        that way."""
+        need = demand.gpus_per_worker
+        placed = self._placed.get(demand.key, [])
+        on = Counter(placed)
+        if need <= 0 or len(on) < 2:
+            return ()
+        workers = len(placed)
+        for node in sorted(on, key=lambda n: (-on[n], n)):
+            if node in demand.eligible and on[node] + self._exclusive(node) // need >= workers:
+                return (node,) * (workers - on[node])
+        best: tuple[int, str] | None = None
+        for (_, exclusive, _, _), names in self._index.groups():
+            if exclusive // need < workers or (best is not None and exclusive >= best[0]):
+                continue
+            name = first_acceptable(names, demand.eligible, on.keys())
+            if name is not None:
+                best = (exclusive, name)
+        return (best[1],) * workers if best is not None else ()
+
+    def move(self, demand: Demand, targets: Sequence[str]) -> None:
+        """Moves the job's workers that are not on the target node (`one_node_for`) onto it."""
+        need, target = demand.gpus_per_worker, targets[0]
+        placed = self._placed.get(demand.key, [])
+        for node in placed:
+            if node != target:
+                self._take(node, -need)
+        kept = [node for node in placed if node == target]
+        self._placed[demand.key] = kept
+        self._nodes[demand.key] = set(kept)
+        self._sticky[demand.key] = list(targets)
+        for _ in targets:
+            self.place(demand)
+
 
 # A job's utility at a placement (higher is better); the greedy maximises their sum.
 Utility = Callable[[Demand, Placement], float]
@@ -430,6 +477,8 @@ class GoodputPolicy:
     Pollux's restart factor (age - rescales * pause) / (age + pause), age = now - created, so a
     resize must buy more than its measured pause; a job not yet running pays nothing. A change of
     batch alone is not discounted: the trainers switch at a step boundary without re-forming.
+    After the counts, a job left spread over several nodes moves onto one when that pays the
+    same factor (`_consolidate`; `Allocation.moves`).
     """
 
     metrics: Mapping[JobKey, JobMetrics] = field(default_factory=dict)
@@ -459,23 +508,55 @@ class GoodputPolicy:
 
         job = _per_job(model_and_baseline)
 
+        def speedup(demand: Demand, placement: Placement) -> float:
+            model, baseline = job(demand)
+            return model.best(placement)[0] / baseline
+
         def utility(demand: Demand, placement: Placement) -> float:
             if placement.workers <= 0:
                 return -NO_WORKERS_PENALTY
-            model, baseline = job(demand)
-            speedup = model.best(placement)[0] / baseline
+            gain = speedup(demand, placement)
             if placement.workers != len(demand.current_nodes):
-                speedup *= self._restart_factor(demand)
-            return -1.0 / speedup if speedup > 0 else -NO_WORKERS_PENALTY
+                gain *= self._restart_factor(demand)
+            return -1.0 / gain if gain > 0 else -NO_WORKERS_PENALTY
 
         packing = SlicedPacking(free, self.devices)
         counts = _allocate(demands, packing, utility, _breakpoints(info))
+        moves = self._consolidate(demands, counts, packing, speedup)
         batches = {
             d.key: job(d)[0].best_batch(packing.placement(d))
             for d in demands
             if info[d.key].max_batch is not None and counts[d.key] > 0
         }
-        return Allocation(counts, batches)
+        return Allocation(counts, batches, moves)
+
+    def _consolidate(
+        self,
+        demands: Sequence[Demand],
+        counts: Mapping[JobKey, int],
+        packing: SlicedPacking,
+        speedup: Callable[[Demand, Placement], float],
+    ) -> dict[JobKey, tuple[str, ...]]:
+        """Jobs that keep their size but run spread over several nodes move onto one node when the
+        GPUs left free after the allocation hold them there and the move pays its rescale pause:
+        their speedup on one node, discounted by the restart factor, beats their speedup now (a
+        placement change restarts the job as a resize does; Pollux counts it the same way). Oldest
+        first, each move taken in the packing before the next job looks. Returns the moved
+        workers' nodes per job."""
+        moves: dict[JobKey, tuple[str, ...]] = {}
+        for demand in sorted(demands, key=lambda d: (-d.priority, d.created, d.key)):
+            workers = counts.get(demand.key, 0)
+            if workers <= 0 or workers != len(demand.current_nodes):
+                continue  # resized this pass (a resize places anew), or not running
+            targets = packing.one_node_for(demand)
+            if not targets:
+                continue
+            here = packing.placement(demand)
+            there = Placement(here.workers, 1, 1.0, packing._speed(targets[0]))  # devices of their own
+            if speedup(demand, there) * self._restart_factor(demand) > speedup(demand, here):
+                packing.move(demand, targets)
+                moves[demand.key] = targets
+        return moves
 
     def _baseline(self, demand: Demand, model: JobModel, fair: int, typical_node: int) -> float:
         workers = fair if fair > 0 else max(1, demand.min)

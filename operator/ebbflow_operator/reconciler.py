@@ -279,7 +279,9 @@ class Reconciler:
                 partial(
                     io.create_pod,
                     ns,
-                    manifests.worker_pod(job, i, g, self.config.trainer_service_accounts, plan.global_batch),
+                    manifests.worker_pod(
+                        job, i, g, self.config.trainer_service_accounts, plan.global_batch, plan.pin_node
+                    ),
                 ),
                 pods,
             )

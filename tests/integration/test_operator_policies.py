@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 from ebbflow_api import contract
+from ebbflow_api.models import GPU_RESOURCE
 from ebbflow_api.waiting import wait_for
 from ebbflow_operator.devcluster.controlplane import ControlPlane
 from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate
 
 from .conftest import GpuNodes, Kube
-from .operator_helpers import create_job, job_manifest, running_operator, settled, status, workers
+from .operator_helpers import create_job, events, job_manifest, running_operator, settled, status, workers
 
 pytestmark = pytest.mark.usefixtures("crd")
 
@@ -46,20 +47,21 @@ class TrainerModel:
     loss: Callable[[float], float]
     per_sample_s: float = 0.0
     noise_scale: float | None = None
+    cross_node_sync_s: float | None = None  # sync when the workers span nodes (default: sync_s)
 
     def micro_batch_s(self, batch: int) -> float:
         return self.compute_s + self.per_sample_s * (batch - GLOBAL_BATCH) / VIRTUAL_NODES
 
-    def step_shape(self, workers: int, batch: int = GLOBAL_BATCH) -> tuple[int, float]:
-        """(micro-batches of the busiest worker, step seconds) at `workers` and global batch `batch`."""
+    def step_shape(self, workers: int, batch: int = GLOBAL_BATCH, nodes: int = 1) -> tuple[int, float]:
+        """(micro-batches of the busiest worker, step seconds) at `workers` on `nodes` nodes and
+        global batch `batch`."""
         micro_batches = math.ceil(VIRTUAL_NODES / workers)
-        return micro_batches, micro_batches * self.micro_batch_s(batch) + (
-            self.sync_s if workers > 1 else 0.0
-        )
+        sync = self.cross_node_sync_s if nodes > 1 and self.cross_node_sync_s is not None else self.sync_s
+        return micro_batches, micro_batches * self.micro_batch_s(batch) + (sync if workers > 1 else 0.0)
 
 
-def _report(model: TrainerModel, workers: int, step: float, batch: int) -> dict[str, object]:
-    micro_batches, step_s = model.step_shape(workers, batch)
+def _report(model: TrainerModel, workers: int, step: float, batch: int, nodes: int) -> dict[str, object]:
+    micro_batches, step_s = model.step_shape(workers, batch, nodes)
     return {
         "step": int(step),
         "samples": int(step) * batch,
@@ -96,9 +98,9 @@ def fake_trainers(kube: Kube, namespace: str, models: dict[str, TrainerModel]) -
                 running = sorted(workers(kube, namespace, name), key=lambda p: p.metadata.name)
                 if not running:
                     continue
-                batch = _batch_of(running[0])
-                steps[name] += 1.0 / model.step_shape(len(running), batch)[1]
-                body = json.dumps(_report(model, len(running), steps[name], batch))
+                batch, nodes = _batch_of(running[0]), len({p.spec.node_name for p in running})
+                steps[name] += 1.0 / model.step_shape(len(running), batch, nodes)[1]
+                body = json.dumps(_report(model, len(running), steps[name], batch, nodes))
                 annotations = {contract.ANNOTATION_PROGRESS: body}
                 try:
                     kube.core.patch_namespaced_pod(
@@ -225,3 +227,55 @@ def test_goodput_raises_the_batch_of_a_job_that_allows_it(
         contract.ANNOTATION_GLOBAL_BATCH_SIZE not in (p.metadata.annotations or {})
         for p in workers(kube, namespace, "fixed")
     )
+
+
+def _placeholder(name: str, node: str, gpus: int) -> dict[str, Any]:
+    """A pod holding `gpus` GPUs of `node` (bound there directly, as another tenant's pod would be)."""
+    container = {
+        "name": "hold",
+        "image": "ebbflow/trainer:test",
+        "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
+    }
+    spec = {"nodeName": node, "restartPolicy": "Never", "containers": [container]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def test_goodput_moves_a_spread_job_onto_one_node_when_room_frees(
+    kube: Kube, control_plane: ControlPlane, namespace: str, gpu_nodes: GpuNodes, tmp_path: Path
+) -> None:
+    """Other tenants hold 2 of each node's 4 GPUs, so the scheduler must spread `spread` (4 workers,
+    min = max) over two or three nodes, where its step pays a 1 s cross-node sync instead of 0.05 s.
+    Once the tenants leave, goodput moves the workers off all but one node onto it (same size, new
+    pods pinned to that node), and the real scheduler puts them there."""
+    nodes = gpu_nodes.add(3, NODES)
+    for i, node in enumerate(nodes):
+        kube.core.create_namespaced_pod(namespace, _placeholder(f"tenant-{i}", node, 2))
+    model = TrainerModel(compute_s=0.05, sync_s=0.05, cross_node_sync_s=1.0, loss=_slow_loss)
+    manifest = job_manifest(
+        "spread", 4, 4, gpu_nodes.selector, virtualNodes=VIRTUAL_NODES, globalBatchSize=GLOBAL_BATCH
+    )
+    log = tmp_path / "operator.log"
+    with running_operator(
+        control_plane, namespace, gpu_nodes.selector, log, "--policy", "goodput"
+    ) as operator:
+        create_job(kube, namespace, manifest)
+        with fake_trainers(kube, namespace, {"spread": model}):
+            try:
+                wait_for(lambda: settled(kube, namespace, "spread", 4), 60, "spread: 4 workers running")
+                before = {p.spec.node_name for p in workers(kube, namespace, "spread")}
+                assert len(before) > 1, before
+                wait_for(lambda: status(kube, namespace, "spread").get("progress"), 30, "a first report")
+                for i in range(len(nodes)):
+                    kube.core.delete_namespaced_pod(f"tenant-{i}", namespace, grace_period_seconds=0)
+
+                def on_one_node() -> set[str] | None:
+                    where = {p.spec.node_name for p in workers(kube, namespace, "spread")}
+                    return where if len(where) == 1 and settled(kube, namespace, "spread", 4) else None
+
+                [after] = wait_for(on_one_node, 90, "spread: every worker on one node")
+            finally:
+                print(operator.log())
+    assert after in before  # onto one of its own nodes: fewest workers moved
+    moved = events(kube, namespace, "spread", "MovedOntoOneNode")
+    assert len(moved) == 1 and after in moved[0].message, [e.message for e in moved]
+    assert status(kube, namespace, "spread")["desiredReplicas"] == 4

@@ -101,13 +101,28 @@ def rigid_allocate(
 
 class Placer(SlicedPacking):
     """The placement the engine applies: the policy's counts, running workers kept where they are
-    (every job's kept workers are placed before anyone grows), growth by the policies' own packing.
+    (every job's kept workers are placed before anyone grows) unless the policy moves them (onto the
+    nodes it chose, before anyone grows), growth by the policies' own packing.
     A job whose growth does not reach its min here gets 0 (the policy's own packing order differs)."""
 
-    def apply(self, demands: Sequence[Demand], counts: Mapping[JobKey, int]) -> dict[JobKey, list[str]]:
+    def apply(
+        self,
+        demands: Sequence[Demand],
+        counts: Mapping[JobKey, int],
+        moves: Mapping[JobKey, Sequence[str]] | None = None,
+    ) -> dict[JobKey, list[str]]:
+        moves = moves or {}
         ordered = sorted(demands, key=lambda d: (-d.priority, d.created, d.key))
         for d in ordered:
-            for _ in range(min(counts.get(d.key, 0), len(d.current_nodes))):
+            moved = moves.get(d.key, ())
+            if moved:  # the workers on the target node stay; the others go there after everyone's
+                self._sticky[d.key] = [n for n in d.current_nodes if n == moved[0]]
+            for _ in range(min(counts.get(d.key, 0), len(d.current_nodes)) - len(moved)):
+                self.place(d)
+        for d in ordered:  # moves before growth: the policy found their room after everyone grew
+            if d.key in moves:
+                self._sticky[d.key] = list(moves[d.key])
+            for _ in moves.get(d.key, ()):
                 self.place(d)
         for d in ordered:
             want = counts.get(d.key, 0)

@@ -6,8 +6,9 @@ changes demand or capacity (coalesced over `debounce_s`, like the operator's deb
 every `tick_s` while jobs remain (the operator's resync). A pass calls the policy's `allocate()`
 (goodput: `decide()`, which also chooses the batch of the jobs that allow it) with the demands
 `allocation.demand` builds, places the counts (`Placer`), applies the batches and charges:
-- a resize of a running job (count or nodes changed): `rescale_pause_s` without progress (the
-  trainer's measured pause is 1.4-6 s; 5 s by default), counted in `rescales`;
+- a resize of a running job (count or nodes changed, a goodput move onto one node included):
+  `rescale_pause_s` without progress (the trainer's measured pause is 1.4-6 s; 5 s by default),
+  counted in `rescales`;
 - a (re)start after losing every worker: `restart_s` (pods rescheduled, checkpoint loaded);
 - a change of a running job's global batch (goodput, jobs with `max_batch`): nothing (`_rebatch`);
 - a preemption: rigid jobs lose every worker and roll back to their last checkpoint; elastic jobs
@@ -283,17 +284,18 @@ class Simulation:
         speeds = compute_speeds(tuple(s.shapes.values()) for s in states) if elastic else {}
         devices = {n: self._devices(n, spot and elastic, speeds) for n, spot in self.nodes.items()}
         batches: dict[JobKey, int] = {}
+        moves: dict[JobKey, tuple[str, ...]] = {}
         if self.policy in ELASTIC:
             pause = self.config.rescale_pause_s
             policy = elastic_policy(self.policy, states, devices, self.now, pause, speeds)
             if isinstance(policy, GoodputPolicy):
                 decision = policy.decide(demands, free)
-                counts, batches = decision.counts, decision.global_batch
+                counts, batches, moves = decision.counts, decision.global_batch, decision.moves
             else:
                 counts = policy.allocate(demands, free)
         else:
             counts = rigid_allocate(self.policy, states, demands, free)
-        placed = Placer(free, devices).apply(demands, counts)
+        placed = Placer(free, devices).apply(demands, counts, moves)
         changed = False
         for state in states:
             changed |= self._move(state, placed[key_of(state)])

@@ -196,6 +196,51 @@ def test_worker_pod_keeps_the_rest_of_the_template() -> None:
     assert (sidecar["name"], sidecar["image"]) == ("sidecar", "busybox")
 
 
+BY_NAME = {"key": "metadata.name", "operator": "In", "values": ["gpu-7"]}
+ZONE = {"key": "zone", "operator": "In", "values": ["a"]}
+
+
+@pytest.mark.parametrize(
+    ("spec", "terms"),
+    [
+        pytest.param({}, [{"matchFields": [BY_NAME]}], id="no-affinity"),
+        pytest.param(
+            {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}},
+            [{"matchFields": [BY_NAME]}],
+            id="preferred-only",
+        ),
+        pytest.param(
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchExpressions": [ZONE]}, {"matchFields": [ZONE]}]
+                        }
+                    }
+                }
+            },
+            [{"matchExpressions": [ZONE], "matchFields": [BY_NAME]}, {"matchFields": [ZONE, BY_NAME]}],
+            id="every-required-term-also-names-the-node",
+        ),
+    ],
+)
+def test_pin_to_node(spec: dict[str, Any], terms: list[dict[str, Any]]) -> None:
+    manifests.pin_to_node(spec, "gpu-7")
+    required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required == {"nodeSelectorTerms": terms}
+
+
+def test_worker_pod_pinned_to_a_node_keeps_the_template_and_others_are_not_pinned() -> None:
+    job = full_job()
+    pinned = manifests.worker_pod(job, 0, world_generation=1, node="gpu-7")["spec"]
+    free = manifests.worker_pod(job, 1, world_generation=1)["spec"]
+    assert pinned["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchFields": [BY_NAME]}]
+    }
+    assert pinned["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == []
+    assert free["affinity"] == {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+
+
 def test_worker_pod_env_contract_and_user_variables() -> None:
     job = full_job()
     trainer, sidecar = manifests.worker_pod(job, 1, world_generation=4)["spec"]["containers"]

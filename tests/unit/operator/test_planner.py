@@ -190,6 +190,23 @@ def test_scale_down_keeps_workers_together_takes_spot_first_and_gives_grace() ->
     assert result.status["phase"] == "Scaling"
 
 
+def test_a_move_onto_one_node_replaces_the_workers_elsewhere_with_pinned_ones() -> None:
+    """Same size, new world: the two workers off od-0 leave with their grace, two new ones must run
+    on od-0; the job is Scaling until they are ready, and no rescale is recorded (the size stays)."""
+    pods = [worker(0, "od-0"), worker(1, "od-0"), worker(2, "od-1"), worker(3, "spot-0")]
+    j = job(lo=1, status=running_status(pods, 4))
+    seen = Observed([*pods, RDZV], SERVICES, NODES, 4, free_gpus=3, moves=("od-0", "od-0"))
+    result = plan_job(j, seen, NOW, CONFIG)
+    assert [(d.name, d.grace_seconds, d.reason) for d in result.delete] == [
+        ("j-worker-2", 30, "move onto one node"),
+        ("j-worker-3", 30, "move onto one node"),
+    ]
+    assert (result.create_workers, result.pin_node) == (((4, 2), (5, 2)), "od-0")
+    assert [e.reason for e in result.events] == ["MovedOntoOneNode"]
+    assert (result.status["phase"], result.status["desiredReplicas"]) == ("Scaling", 4)
+    assert "lastRescale" not in result.status
+
+
 def test_unscheduled_workers_go_first() -> None:
     pods = [worker(0, "spot-0"), worker(1, "od-0"), worker(2, None, phase="Pending", age=5)]
     result = plan(job(lo=1, status=running_status(pods, 3)), pods, 2)

@@ -35,6 +35,7 @@ from ebbflow_operator.planner import (
     job_status,
     latest_progress,
     lost_reason,
+    movers,
     new_workers,
     pending_timeout,
     readiness,
@@ -749,6 +750,45 @@ def test_resize(
         "create": [],
         **expected,
     }
+
+
+SPREAD = [worker(0, "od-0"), worker(1, "od-0"), worker(2, "od-1"), worker(3, "spot-0")]
+
+
+@pytest.mark.parametrize(
+    ("active", "target", "disrupted", "moves", "expected"),
+    [
+        pytest.param(
+            SPREAD, 4, False, ("od-0",) * 2, ["j-worker-2", "j-worker-3"], id="every-worker-elsewhere"
+        ),
+        pytest.param(
+            SPREAD, 4, False, ("od-1",) * 3, ["j-worker-0", "j-worker-1", "j-worker-3"], id="onto-another"
+        ),
+        pytest.param(SPREAD, 4, False, (), [], id="no-move"),
+        pytest.param(SPREAD, 3, False, ("od-0",) * 2, [], id="resized-instead"),
+        pytest.param(SPREAD, 4, True, ("od-0",) * 2, [], id="disrupted-this-pass"),
+        pytest.param(SPREAD, 4, False, ("od-0",) * 3, [], id="policy-saw-other-workers"),
+        pytest.param(
+            [*SPREAD[:3], worker(3, None, "Pending")], 4, False, ("od-0",) * 2, [], id="one-not-scheduled"
+        ),
+    ],
+)
+def test_movers(
+    active: list[Pod], target: int, disrupted: bool, moves: tuple[str, ...], expected: list[str]
+) -> None:
+    assert names(movers(active, target, disrupted, moves)) == expected
+
+
+def test_resize_replaces_moved_workers_with_pinned_ones() -> None:
+    j = job(status={"worldGeneration": 3})
+    seen = replace(observed(SPREAD), moves=("od-0", "od-0"))
+    sizing = resize(j, SPREAD, 4, False, seen)
+    assert deletions(sizing.delete) == [
+        ("j-worker-2", 30, "move onto one node"),
+        ("j-worker-3", 30, "move onto one node"),
+    ]
+    assert (names(sizing.active), list(sizing.create)) == (["j-worker-0", "j-worker-1"], [(4, 4), (5, 4)])
+    assert (sizing.pin_node, sizing.generation) == ("od-0", 4)
 
 
 @pytest.mark.parametrize(

@@ -180,6 +180,74 @@ def test_goodput_rescale_penalty(rescales: int, age: float, expected: int) -> No
     assert run(GoodputPolicy, [running], NODES4, metrics=job_metrics, now=NOW) == {"a": expected}
 
 
+# --- goodput: a job spread over several nodes moves onto one (Allocation.moves) --------------------
+
+
+def placed(packing: SlicedPacking, demand: Demand) -> SlicedPacking:
+    """`packing` with the demand's running workers placed where they run."""
+    for _ in demand.current_nodes:
+        assert packing.place(demand)
+    return packing
+
+
+@pytest.mark.parametrize(
+    ("free", "current", "expected"),
+    [
+        pytest.param({"a": 4, "b": 4}, ("a", "a", "a", "b"), ("a",), id="own node with room: fewest moved"),
+        pytest.param({"a": 4, "b": 4}, ("b", "a", "a", "a"), ("a",), id="most-used node first"),
+        pytest.param({"a": 3, "b": 3}, ("a", "a", "b", "b"), (), id="neither own node holds the job"),
+        pytest.param(
+            {"a": 2, "b": 2, "c": 8, "d": 4}, ("a", "a", "b", "b"), ("d",) * 4, id="else best fit elsewhere"
+        ),
+        pytest.param({"a": 4, "b": 4}, ("a", "a"), (), id="on one node already"),
+        pytest.param({"a": 2, "b": 2, "c": 3}, ("a", "a", "b", "b"), (), id="no node holds the job"),
+    ],
+)
+def test_one_node_for(free: dict[str, int], current: tuple[str, ...], expected: tuple[str, ...]) -> None:
+    job = make_demand("j", 1, len(current), nodes=free, current=current)
+    assert placed(SlicedPacking(free, {}), job).one_node_for(job) == expected
+
+
+def test_one_node_for_counts_only_devices_of_their_own() -> None:
+    """A node whose free GPUs would share devices with busy ones is no place to consolidate onto."""
+    devices = {"a": NodeDevices(2, 2), "b": NodeDevices(2, 2), "sliced": NodeDevices(2, 8)}
+    free = {"a": 2, "b": 2, "sliced": 4}  # 4 replicas free, but both physical devices are in use
+    job = make_demand("j", 1, 4, nodes=free, current=("a", "a", "b", "b"))
+    assert placed(SlicedPacking(free, devices), job).one_node_for(job) == ()
+
+
+def test_move_takes_the_workers_off_the_other_nodes() -> None:
+    free = {"a": 4, "b": 4}
+    job = make_demand("j", 1, 4, nodes=free, current=("a", "a", "a", "b"))
+    packing = placed(SlicedPacking(free, {}), job)
+    packing.move(job, packing.one_node_for(job))
+    assert packing.nodes_of(job.key) == ["a"] * 4
+    assert packing.free == {"a": 0, "b": 4}
+    assert packing.placement(job) == Placement(workers=4, nodes=1, share=1.0)
+
+
+@pytest.mark.parametrize(
+    ("rescales", "age", "moves"),
+    [
+        pytest.param(0, NOW, {"j": ("n0",) * 2}, id="old job: moves onto its own node with room"),
+        pytest.param(5, 400.0, {}, id="young job that rescaled often: stays spread"),
+    ],
+)
+def test_goodput_moves_a_spread_job_onto_one_node(
+    rescales: int, age: float, moves: dict[str, tuple[str, ...]]
+) -> None:
+    """Cross-node sync dominates SYNC_BOUND's step: on one node it runs much faster, which pays the
+    rescale pause unless the restart factor (age, rescales) says it does not. `other` fills n1, so
+    the spread job's workers there go to n0."""
+    job_metrics = {("ns", "j"): metrics(SYNC_BOUND, virtual=4, rescales=rescales, rescale_pause_s=60.0)}
+    spread = make_demand("j", 4, 4, created=NOW - age, current=("n1", "n1", "n0", "n0"))
+    other = make_demand("other", 2, 2, created=0.0, current=("n1", "n1"))
+    free = {"n0": 4, "n1": 4}
+    decision = GoodputPolicy(metrics=job_metrics, now=NOW).decide([other, spread], free)
+    assert decision.counts == {("ns", "j"): 4, ("ns", "other"): 2}
+    assert {key[1]: nodes for key, nodes in decision.moves.items()} == moves
+
+
 # --- goodput: batch-size co-adaptation (JobMetrics.max_batch) -------------------------------------
 
 

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 from ebbflow_operator.sim import cli
-from ebbflow_operator.sim.allocation import metrics
+from ebbflow_operator.sim.allocation import Placer, metrics
 from ebbflow_operator.sim.cluster import ClusterConfig, GpuType, initial_nodes, node_type, replacement
 from ebbflow_operator.sim.engine import SimConfig, Simulation
 from ebbflow_operator.sim.state import JobState
 from ebbflow_operator.sim.trace import SimJob, TraceConfig, generate, read_csv, write_csv
 from ebbflow_operator.throughput import Placement
+
+from tests.builders import make_demand
 
 
 def job(name: str = "a", arrival: float = 0.0, lo: int = 1, hi: int = 4, seconds: float = 1000.0) -> SimJob:
@@ -398,3 +400,18 @@ def test_the_policy_sees_the_noise_scale_and_max_only_of_adaptive_jobs() -> None
     seen = metrics(adaptive, 5.0, {})
     assert (seen.noise_scale, seen.max_batch, seen.global_batch) == (300.0, 8 * 128, 128)
     assert (metrics(fixed, 5.0, {}).noise_scale, metrics(fixed, 5.0, {}).max_batch) == (None, None)
+
+
+def test_placer_moves_workers_onto_the_policys_node() -> None:
+    """Job a's workers off n1 land on n1 (the policy's node), and b grows into the room they leave."""
+    free = {"n0": 4, "n1": 4}
+    a = make_demand("a", 1, 4, created=2.0, nodes=free, current=("n1", "n1", "n0", "n0"))
+    b = make_demand("b", 1, 4, created=1.0, nodes=free, current=("n0", "n0"))
+    placed = Placer(free, {}).apply([a, b], {a.key: 4, b.key: 4}, {a.key: ("n1", "n1")})
+    assert placed == {a.key: ["n1"] * 4, b.key: ["n0"] * 4}
+
+
+def test_placer_without_moves_keeps_running_workers_where_they_are() -> None:
+    free = {"n0": 4, "n1": 4}
+    a = make_demand("a", 1, 4, nodes=free, current=("n1", "n1", "n0", "n0"))
+    assert Placer(free, {}).apply([a], {a.key: 4}) == {a.key: ["n1", "n1", "n0", "n0"]}
