@@ -38,9 +38,12 @@ def main() -> None:
     apply = allocation.Placer.apply
 
     def recorded(
-        self: allocation.Placer, demands: Sequence[Demand], counts: Mapping[JobKey, int]
+        self: allocation.Placer,
+        demands: Sequence[Demand],
+        counts: Mapping[JobKey, int],
+        moves: Mapping[JobKey, Sequence[str]] | None = None,
     ) -> dict[JobKey, list[str]]:
-        placed = apply(self, demands, counts)
+        placed = apply(self, demands, counts, moves)
         log[0].update(json.dumps(sorted((key[1], nodes) for key, nodes in placed.items())).encode())
         return placed
 

@@ -194,8 +194,8 @@ class Policy(Protocol):
 @dataclass(frozen=True)
 class Allocation:
     """Every job's worker count, for jobs whose spec lets it change the global batch chosen, and for
-    jobs that keep their size but should run on one node instead of several, that node once per
-    worker that moves (the workers moved are all those not on it)."""
+    jobs spread over several nodes that should run on one, that node once per new worker to start
+    there (the job's workers on other nodes leave; its count says how many it has in all)."""
 
     counts: dict[JobKey, int]
     global_batch: dict[JobKey, int] = field(default_factory=dict)

@@ -505,8 +505,8 @@ def victims(active: Sequence[Pod], count: int, nodes: Mapping[str, Node]) -> lis
 
 def resize(job: Job, active: Sequence[Pod], target: int, disrupted: bool, observed: Observed) -> Sizing:
     """Brings `active` to `target`: deletes the victims (bound ones get their leave grace) or adds new
-    workers; or, at the same size, replaces the workers the policy moves onto one node (`movers`)
-    with new ones pinned there. A new world generation starts when the set of workers changes
+    workers; or, when the policy moves the job onto one node, deletes its workers elsewhere
+    (`movers`) and adds new ones pinned there. A new world generation starts when the set of workers changes
     (`disrupted`: it already did this pass), so that every worker of one world carries the same
     number."""
     moving = movers(active, target, disrupted, observed.moves)
@@ -527,14 +527,14 @@ def resize(job: Job, active: Sequence[Pod], target: int, disrupted: bool, observ
 
 
 def movers(active: Sequence[Pod], target: int, disrupted: bool, moves: Sequence[str]) -> list[Pod]:
-    """The workers a move onto the policy's node replaces: every worker not on it, when the job keeps
-    its size, nothing else changed its workers this pass, all of them run on nodes and exactly as
-    many are elsewhere as the policy moves (it saw what this pass sees). Otherwise none: the next
-    pass decides again from what it observes."""
-    if not moves or disrupted or target != len(active) or any(p.node is None for p in active):
+    """The workers that leave when the job moves onto the policy's node: every worker not on it,
+    when nothing else changed the workers this pass, all of them run on nodes, and the workers on
+    that node plus the new ones make the target (the policy saw what this pass sees). Otherwise
+    none: the next pass decides again from what it observes."""
+    if not moves or disrupted or any(p.node is None for p in active):
         return []
     away = [p for p in active if p.node != moves[0]]
-    return away if len(away) == len(moves) else []
+    return away if away and len(active) - len(away) + len(moves) == target else []
 
 
 def new_workers(job_name: str, count: int, generation: int, taken: Set[str]) -> tuple[tuple[int, int], ...]:
@@ -619,7 +619,10 @@ def job_status(
         (Event("Normal", "Rescaled", f"{before} -> {target} workers ({reason})"),) if reason else ()
     )
     if sizing.pin_node is not None:
-        message = f"{len(sizing.create)} workers move onto node {sizing.pin_node}: the job runs on one node"
+        message = (
+            f"onto node {sizing.pin_node}: {len(sizing.create)} new workers there, the "
+            f"{len(sizing.delete)} on other nodes leave; {target} workers on one node"
+        )
         rescaled += (Event("Normal", "MovedOntoOneNode", message),)
     report = report_losses(seen.lost, preemptions) + ending.report + timeout.report
     report += Report(rescaled, (*scheduling, ready_condition))

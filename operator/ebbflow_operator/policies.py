@@ -272,42 +272,38 @@ class SlicedPacking(Packing):
         speed = min([*speeds, self._speed(extra)] if extra else speeds, default=1.0)
         return Placement(workers=workers, nodes=max(1, len(real)), share=share, speed=speed)
 
-    def one_node_for(self, demand: Demand) -> tuple[str, ...]:
-        """Where the workers of a job spread over several nodes would go to run on one node, all on
-        devices of their own, one entry per worker that moves (every worker not on that node): the
-        job's own node that needs fewest moved (then by name), else the best-fitting other node
-        that holds the whole job. () when the job runs on one node already, or no node holds it
-        that way."""
+    def single_nodes(self, demand: Demand) -> list[tuple[str, int, int]]:
+        """Where a job spread over several nodes could run on one: (node, its workers there now, how
+        many of its workers the node would hold on devices of their own) for each of the job's own
+        nodes, most-used first, and the roomiest other node. [] when it runs on one node already."""
         need = demand.gpus_per_worker
-        placed = self._placed.get(demand.key, [])
-        on = Counter(placed)
+        on = Counter(self._placed.get(demand.key, []))
         if need <= 0 or len(on) < 2:
-            return ()
-        workers = len(placed)
-        for node in sorted(on, key=lambda n: (-on[n], n)):
-            if node in demand.eligible and on[node] + self._exclusive(node) // need >= workers:
-                return (node,) * (workers - on[node])
-        best: tuple[int, str] | None = None
+            return []
+        mine = sorted((n for n in on if n in demand.eligible), key=lambda n: (-on[n], n))
+        options = [(node, on[node], on[node] + self._exclusive(node) // need) for node in mine]
+        roomiest: tuple[int, str] | None = None
         for (_, exclusive, _, _), names in self._index.groups():
-            if exclusive // need < workers or (best is not None and exclusive >= best[0]):
+            if exclusive < need or (roomiest is not None and exclusive <= roomiest[0]):
                 continue
             name = first_acceptable(names, demand.eligible, on.keys())
             if name is not None:
-                best = (exclusive, name)
-        return (best[1],) * workers if best is not None else ()
+                roomiest = (exclusive, name)
+        if roomiest is not None:
+            options.append((roomiest[1], 0, roomiest[0] // need))
+        return options
 
-    def move(self, demand: Demand, targets: Sequence[str]) -> None:
-        """Moves the job's workers that are not on the target node (`one_node_for`) onto it."""
-        need, target = demand.gpus_per_worker, targets[0]
+    def move(self, demand: Demand, node: str, workers: int) -> None:
+        """Leaves the job with `workers` workers (at least those it has there), all on `node`: its
+        workers elsewhere go, new ones are placed there (`single_nodes` said they fit)."""
         placed = self._placed.get(demand.key, [])
-        for node in placed:
-            if node != target:
-                self._take(node, -need)
-        kept = [node for node in placed if node == target]
+        for elsewhere in (n for n in placed if n != node):
+            self._take(elsewhere, -demand.gpus_per_worker)
+        kept = [n for n in placed if n == node]
         self._placed[demand.key] = kept
         self._nodes[demand.key] = set(kept)
-        self._sticky[demand.key] = list(targets)
-        for _ in targets:
+        self._sticky[demand.key] = [node] * (workers - len(kept))
+        for _ in range(workers - len(kept)):
             self.place(demand)
 
 
@@ -533,29 +529,44 @@ class GoodputPolicy:
     def _consolidate(
         self,
         demands: Sequence[Demand],
-        counts: Mapping[JobKey, int],
+        counts: dict[JobKey, int],
         packing: SlicedPacking,
         speedup: Callable[[Demand, Placement], float],
     ) -> dict[JobKey, tuple[str, ...]]:
-        """Jobs that keep their size but run spread over several nodes move onto one node when the
-        GPUs left free after the allocation hold them there and the move pays its rescale pause:
-        their speedup on one node, discounted by the restart factor, beats their speedup now (a
-        placement change restarts the job as a resize does; Pollux counts it the same way). Oldest
-        first, each move taken in the packing before the next job looks. Returns the moved
-        workers' nodes per job."""
+        """Jobs the allocation left at their size but spread over several nodes move onto one node
+        when that pays: on the node (`single_nodes`) and at the size in [min, max] it holds them at
+        that gives the best speedup, discounted by the restart factor (a placement change restarts
+        the job as a resize does; Pollux counts it the same way), beating their speedup where they
+        are. The size may differ from the current one (e.g. 11 workers on 5 nodes -> 8 on one), and
+        at least one new worker starts on the node (a plain shrink is the greedy's). Oldest first,
+        each move taken in the packing (and `counts`) before the next job looks. Returns the node
+        once per new worker there, per job moved."""
         moves: dict[JobKey, tuple[str, ...]] = {}
         for demand in sorted(demands, key=lambda d: (-d.priority, d.created, d.key)):
             workers = counts.get(demand.key, 0)
             if workers <= 0 or workers != len(demand.current_nodes):
                 continue  # resized this pass (a resize places anew), or not running
-            targets = packing.one_node_for(demand)
-            if not targets:
+            options = packing.single_nodes(demand)
+            if not options:
                 continue
-            here = packing.placement(demand)
-            there = Placement(here.workers, 1, 1.0, packing._speed(targets[0]))  # devices of their own
-            if speedup(demand, there) * self._restart_factor(demand) > speedup(demand, here):
-                packing.move(demand, targets)
-                moves[demand.key] = targets
+            now = speedup(demand, packing.placement(demand))
+            factor = self._restart_factor(demand)
+            best: tuple[float, int, str, int] | None = None  # (speedup, -new workers, node, size)
+            for node, mine, room in options:
+                speed = packing._speed(node)
+                for size in range(max(1, demand.min, mine + 1), min(room, demand.max) + 1):
+                    candidate = (
+                        speedup(demand, Placement(size, 1, 1.0, speed)) * factor,
+                        mine - size,
+                        node,
+                        size,
+                    )
+                    best = candidate if best is None or candidate[:2] > best[:2] else best
+            if best is not None and best[0] > now:
+                _, new, node, size = best
+                packing.move(demand, node, size)
+                counts[demand.key] = size
+                moves[demand.key] = (node,) * -new
         return moves
 
     def _baseline(self, demand: Demand, model: JobModel, fair: int, typical_node: int) -> float:

@@ -765,7 +765,8 @@ SPREAD = [worker(0, "od-0"), worker(1, "od-0"), worker(2, "od-1"), worker(3, "sp
             SPREAD, 4, False, ("od-1",) * 3, ["j-worker-0", "j-worker-1", "j-worker-3"], id="onto-another"
         ),
         pytest.param(SPREAD, 4, False, (), [], id="no-move"),
-        pytest.param(SPREAD, 3, False, ("od-0",) * 2, [], id="resized-instead"),
+        pytest.param(SPREAD, 3, False, ("od-0",) * 2, [], id="counts-disagree"),
+        pytest.param(SPREAD, 3, False, ("od-0",), ["j-worker-2", "j-worker-3"], id="shrinks-onto-one-node"),
         pytest.param(SPREAD, 4, True, ("od-0",) * 2, [], id="disrupted-this-pass"),
         pytest.param(SPREAD, 4, False, ("od-0",) * 3, [], id="policy-saw-other-workers"),
         pytest.param(

@@ -193,37 +193,48 @@ def placed(packing: SlicedPacking, demand: Demand) -> SlicedPacking:
 @pytest.mark.parametrize(
     ("free", "current", "expected"),
     [
-        pytest.param({"a": 4, "b": 4}, ("a", "a", "a", "b"), ("a",), id="own node with room: fewest moved"),
-        pytest.param({"a": 4, "b": 4}, ("b", "a", "a", "a"), ("a",), id="most-used node first"),
-        pytest.param({"a": 3, "b": 3}, ("a", "a", "b", "b"), (), id="neither own node holds the job"),
         pytest.param(
-            {"a": 2, "b": 2, "c": 8, "d": 4}, ("a", "a", "b", "b"), ("d",) * 4, id="else best fit elsewhere"
+            {"a": 4, "b": 4},
+            ("b", "a", "a", "a"),
+            [("a", 3, 4), ("b", 1, 4)],
+            id="own nodes, most-used first",
         ),
-        pytest.param({"a": 4, "b": 4}, ("a", "a"), (), id="on one node already"),
-        pytest.param({"a": 2, "b": 2, "c": 3}, ("a", "a", "b", "b"), (), id="no node holds the job"),
+        pytest.param(
+            {"a": 2, "b": 2, "c": 8, "d": 4},
+            ("a", "a", "b", "b"),
+            [("a", 2, 2), ("b", 2, 2), ("c", 0, 8)],
+            id="and the roomiest other node",
+        ),
+        pytest.param({"a": 4, "b": 4}, ("a", "a"), [], id="on one node already"),
     ],
 )
-def test_one_node_for(free: dict[str, int], current: tuple[str, ...], expected: tuple[str, ...]) -> None:
-    job = make_demand("j", 1, len(current), nodes=free, current=current)
-    assert placed(SlicedPacking(free, {}), job).one_node_for(job) == expected
+def test_single_nodes(
+    free: dict[str, int], current: tuple[str, ...], expected: list[tuple[str, int, int]]
+) -> None:
+    job = make_demand("j", 1, 8, nodes=free, current=current)
+    assert placed(SlicedPacking(free, {}), job).single_nodes(job) == expected
 
 
-def test_one_node_for_counts_only_devices_of_their_own() -> None:
-    """A node whose free GPUs would share devices with busy ones is no place to consolidate onto."""
+def test_single_nodes_count_only_devices_of_their_own() -> None:
+    """A node whose free GPUs would share devices with busy ones holds none of the job's workers."""
     devices = {"a": NodeDevices(2, 2), "b": NodeDevices(2, 2), "sliced": NodeDevices(2, 8)}
     free = {"a": 2, "b": 2, "sliced": 4}  # 4 replicas free, but both physical devices are in use
     job = make_demand("j", 1, 4, nodes=free, current=("a", "a", "b", "b"))
-    assert placed(SlicedPacking(free, devices), job).one_node_for(job) == ()
+    assert placed(SlicedPacking(free, devices), job).single_nodes(job) == [("a", 2, 2), ("b", 2, 2)]
 
 
-def test_move_takes_the_workers_off_the_other_nodes() -> None:
+@pytest.mark.parametrize(
+    ("workers", "nodes"),
+    [pytest.param(4, ["a"] * 4, id="same size"), pytest.param(3, ["a"] * 3, id="smaller")],
+)
+def test_move_leaves_the_job_on_one_node(workers: int, nodes: list[str]) -> None:
     free = {"a": 4, "b": 4}
-    job = make_demand("j", 1, 4, nodes=free, current=("a", "a", "a", "b"))
+    job = make_demand("j", 1, 4, nodes=free, current=("a", "a", "b", "b"))
     packing = placed(SlicedPacking(free, {}), job)
-    packing.move(job, packing.one_node_for(job))
-    assert packing.nodes_of(job.key) == ["a"] * 4
-    assert packing.free == {"a": 0, "b": 4}
-    assert packing.placement(job) == Placement(workers=4, nodes=1, share=1.0)
+    packing.move(job, "a", workers)
+    assert packing.nodes_of(job.key) == nodes
+    assert packing.free == {"a": 4 - workers, "b": 4}
+    assert packing.placement(job) == Placement(workers=workers, nodes=1, share=1.0)
 
 
 @pytest.mark.parametrize(
@@ -246,6 +257,35 @@ def test_goodput_moves_a_spread_job_onto_one_node(
     decision = GoodputPolicy(metrics=job_metrics, now=NOW).decide([other, spread], free)
     assert decision.counts == {("ns", "j"): 4, ("ns", "other"): 2}
     assert {key[1]: nodes for key, nodes in decision.moves.items()} == moves
+
+
+def cross_node_halves(_: Demand, placement: Placement) -> float:
+    """A speedup model for `_consolidate` alone: linear in workers, halved across nodes."""
+    return placement.workers * (1.0 if placement.nodes == 1 else 0.5)
+
+
+@pytest.mark.parametrize(
+    ("free", "count", "expected"),
+    [
+        pytest.param(
+            {"n0": 4, "n1": 4}, 6, (4, ("n0",), 1), id="smaller on its own node: 4 on one beat 6 on two"
+        ),
+        pytest.param(
+            {"n0": 4, "n1": 4, "n2": 8}, 6, (8, ("n2",) * 8, 1), id="on the roomiest other node, up to max"
+        ),
+        pytest.param({"n0": 4, "n1": 4}, 4, (4, (), 2), id="resized this pass: left to the greedy"),
+        pytest.param({"n0": 3, "n1": 3}, 6, (6, (), 2), id="no node holds more than it has there"),
+    ],
+)
+def test_consolidate(free: dict[str, int], count: int, expected: tuple[int, tuple[str, ...], int]) -> None:
+    """`_consolidate` on its own: six workers, three on n0 and three on n1 (max 8): (count after,
+    the new workers' node per worker, nodes the packing then has the job on)."""
+    job = make_demand("j", 2, 8, nodes=free, current=("n0",) * 3 + ("n1",) * 3)
+    packing = placed(SlicedPacking(free, {}), job)
+    counts = {job.key: count}
+    moves = GoodputPolicy(now=NOW)._consolidate([job], counts, packing, cross_node_halves)
+    nodes = len(set(packing.nodes_of(job.key)))
+    assert (counts[job.key], moves.get(job.key, ()), nodes) == expected
 
 
 # --- goodput: batch-size co-adaptation (JobMetrics.max_batch) -------------------------------------
