@@ -198,7 +198,8 @@ class SlicedPacking(Packing):
                 best = (*rank, name)
         return best[5] if best is not None else None
 
-    def _speed(self, node: str) -> float:
+    def speed(self, node: str) -> float:
+        """The relative compute speed of the node's GPU type (1 when unknown)."""
         device = self.devices.get(node)
         return device.speed if device is not None else 1.0
 
@@ -212,7 +213,7 @@ class SlicedPacking(Packing):
             del sticky[: sticky.index(node) + 1 if node in sticky else len(sticky)]
             self._take(node, demand.gpus_per_worker)
             self._nodes.setdefault(demand.key, set()).add(node)
-            self._slowest[demand.key] = min(self._slowest.get(demand.key, math.inf), self._speed(node))
+            self._slowest[demand.key] = min(self._slowest.get(demand.key, math.inf), self.speed(node))
         placed.append(node)
         return True
 
@@ -269,7 +270,7 @@ class SlicedPacking(Packing):
         else:
             share = max((self.share(n, need if n == extra else 0) for n in real), default=1.0)
         speeds = [self._slowest[demand.key]] if demand.key in self._slowest else []
-        speed = min([*speeds, self._speed(extra)] if extra else speeds, default=1.0)
+        speed = min([*speeds, self.speed(extra)] if extra else speeds, default=1.0)
         return Placement(workers=workers, nodes=max(1, len(real)), share=share, speed=speed)
 
     def single_nodes(self, demand: Demand) -> list[tuple[str, int, int]]:
@@ -553,7 +554,7 @@ class GoodputPolicy:
             factor = self._restart_factor(demand)
             best: tuple[float, int, str, int] | None = None  # (speedup, -new workers, node, size)
             for node, mine, room in options:
-                speed = packing._speed(node)
+                speed = packing.speed(node)
                 for size in range(max(1, demand.min, mine + 1), min(room, demand.max) + 1):
                     candidate = (
                         speedup(demand, Placement(size, 1, 1.0, speed)) * factor,
