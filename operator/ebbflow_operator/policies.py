@@ -11,7 +11,8 @@ Invariants shared with `PriorityFairShare`:
 - priority first: a higher level is served (up to what its objective wants, within max) before
   a lower one sees a GPU; a job whose min does not fit gets 0 (oldest first within a level);
 - every granted count is 0 or within [min, max], and fits whole on eligible nodes (`Packing`);
-- running workers keep their nodes.
+- running workers keep their nodes, except that goodput moves a job spread over several nodes onto
+  one when that pays (`GoodputPolicy._consolidate`).
 Within a level, each job gets its minimum, then GPUs go to the job with the largest objective gain
 per GPU (a lazy greedy over a heap). A job's step is one worker, or a run of workers when its
 utility only pays off further on: to the next size where its busiest worker's share of the
@@ -40,15 +41,7 @@ from functools import lru_cache
 from itertools import groupby
 from typing import TypeVar
 
-from .allocator import (
-    Allocation,
-    Demand,
-    NodeClass,
-    Packing,
-    Policy,
-    PriorityFairShare,
-    first_acceptable,
-)
+from .allocator import Allocation, Demand, NodeClass, Packing, Policy, PriorityFairShare, first_acceptable
 from .loss_curve import LossCurve, fit_loss_curve
 from .model import JobKey
 from .throughput import JobModel, Measurement, Placement, ThroughputParams, fit_cached
