@@ -139,7 +139,7 @@ class Observed:
     free_gpus: int  # GPUs free on nodes the job may use (for messages)
     network_policies: frozenset[str] = frozenset()  # names of the job's NetworkPolicies that exist
     global_batch: int | None = None  # the policy's B for the job (None: the policy keeps B)
-    moves: tuple[str, ...] = ()  # the policy's node, once per worker to move onto it (Allocation.moves)
+    moves: tuple[str, ...] = ()  # the policy's node once per new worker there (Allocation.moves)
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,7 @@ class Sizing:
     delete: tuple[Deletion, ...] = ()  # the scale-down's victims
     create: tuple[tuple[int, int], ...] = ()  # (index, world generation) of new workers
     generation: int = 0
-    pin_node: str | None = None  # set when the new workers replace moved ones: where they must run
+    pin_node: str | None = None  # set when the job moves onto one node: where the new workers must run
 
 
 @dataclass(frozen=True)
@@ -506,9 +506,9 @@ def victims(active: Sequence[Pod], count: int, nodes: Mapping[str, Node]) -> lis
 def resize(job: Job, active: Sequence[Pod], target: int, disrupted: bool, observed: Observed) -> Sizing:
     """Brings `active` to `target`: deletes the victims (bound ones get their leave grace) or adds new
     workers; or, when the policy moves the job onto one node, deletes its workers elsewhere
-    (`movers`) and adds new ones pinned there. A new world generation starts when the set of workers changes
-    (`disrupted`: it already did this pass), so that every worker of one world carries the same
-    number."""
+    (`movers`) and adds new ones pinned there. A new world generation starts when the set of
+    workers changes (`disrupted`: it already did this pass), so that every worker of one world
+    carries the same number."""
     moving = movers(active, target, disrupted, observed.moves)
     chosen = moving or victims(active, len(active) - target, observed.nodes)
     why = "move onto one node" if moving else "scale down"
