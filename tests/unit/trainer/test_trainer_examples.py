@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from ebbflow_trainer.api import import_script, load_spec
+from ebbflow_trainer.bandlimit import BandLimitedConv2d
 from ebbflow_trainer.engine import StepResult, VirtualNodeEngine
 
 from tests.simulated_world import step_world
@@ -24,7 +25,9 @@ def _train(engine: VirtualNodeEngine, steps: int) -> list[StepResult]:
     return results
 
 
-@pytest.mark.parametrize("script", ["digits/train.py", "tiny_lm/train.py", "hf_lm/train.py"])
+@pytest.mark.parametrize(
+    "script", ["digits/train.py", "digits_cnn/train.py", "tiny_lm/train.py", "hf_lm/train.py"]
+)
 def test_example_trains_with_virtual_nodes(script: str) -> None:
     torch.manual_seed(0)
     spec = load_spec(str(EXAMPLES / script))
@@ -70,3 +73,17 @@ def test_digits_reaches_its_target_accuracy_on_held_out_images() -> None:
     assert engine.evaluation.run(0)["accuracy"] < 0.5, "random weights"
     _train(engine, 100)
     assert engine.evaluation.run(100)["accuracy"] >= import_script(script).TARGET_ACCURACY
+
+
+def test_band_limited_digits_cnn_reaches_its_target_accuracy() -> None:
+    torch.manual_seed(0)
+    script = str(EXAMPLES / "digits_cnn/train.py")
+    spec = load_spec(script)
+    rates = {m.compression_rate for m in spec.model.modules() if isinstance(m, BandLimitedConv2d)}
+    assert rates == {import_script(script).COMPRESSION_RATE}
+    engine = VirtualNodeEngine(
+        spec, trainer_config(spec="digits_cnn", virtual_nodes=4, global_batch_size=128)
+    )
+    assert engine.evaluation.run(0)["accuracy"] < 0.5, "random weights"
+    _train(engine, 150)
+    assert engine.evaluation.run(150)["accuracy"] >= import_script(script).TARGET_ACCURACY
