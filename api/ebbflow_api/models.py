@@ -268,6 +268,15 @@ class TrainingShape(ApiModel):
         "globalBatchSize and this, in multiples of V, with lrScaling adascale keeping the step's "
         "learning rate right; unset (the default): B never changes.",
     )
+    momentum_correction: bool = Field(
+        False,
+        description="When B changes (maxGlobalBatchSize, or a resume at another globalBatchSize), also "
+        "correct SGD's momentum: a step worth r steps at the base batch (r from lrScaling) gets momentum "
+        "m0^r and learning rate lr x r x (1 - m0^r) / (1 - m0), and the velocity is rescaled at the change, "
+        "so momentum remembers the same number of samples and lr / (1 - m) follows lrScaling "
+        "(docs/trainer.md). Needs lrScaling other than none and torch.optim.SGD with momentum; "
+        "no effect while B stays the base batch.",
+    )
     cel_rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
             "!has(self.virtualNodes) || self.virtualNodes >= self.replicas.max",
@@ -300,6 +309,14 @@ class TrainingShape(ApiModel):
             "spec.maxGlobalBatchSize must be a multiple of spec.virtualNodes (or of spec.replicas.max when "
             "virtualNodes is unset): round it to a multiple",
             field_path=".maxGlobalBatchSize",
+            reason="FieldValueInvalid",
+        ),
+        Rule(
+            "!has(self.momentumCorrection) || !self.momentumCorrection || "
+            "(has(self.lrScaling) && self.lrScaling != 'none')",
+            "spec.momentumCorrection needs spec.lrScaling linear, sqrt or adascale (momentum follows the "
+            "learning rate's scaling): set lrScaling or leave momentumCorrection unset",
+            field_path=".momentumCorrection",
             reason="FieldValueInvalid",
         ),
         Rule(

@@ -97,6 +97,8 @@ def _env(job: Job, world_generation: int, container: Json) -> list[Json]:
         contract.ENV_MAX_NONFINITE_STEPS: spec.max_non_finite_steps,
         contract.ENV_TERMINATION_MESSAGE_PATH: message_path,
     }
+    if spec.momentum_correction:
+        values[contract.ENV_MOMENTUM_CORRECTION] = "true"
     if spec.max_global_batch_size is not None:
         values[contract.ENV_MAX_GLOBAL_BATCH_SIZE] = spec.max_global_batch_size
         values[contract.ENV_GLOBAL_BATCH_SIZE_FILE] = f"{BATCH_MOUNT}/{BATCH_FILE}"

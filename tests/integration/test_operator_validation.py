@@ -149,6 +149,11 @@ BAD = [
         ["spec.maxGlobalBatchSize needs spec.lrScaling adascale"],
     ),
     (
+        "momentum-correction-without-lr-scaling",
+        spec_set("momentumCorrection", True),
+        ["spec.momentumCorrection needs spec.lrScaling linear, sqrt or adascale"],
+    ),
+    (
         "batch-negative",
         spec_set("globalBatchSize", -64),
         ["spec.globalBatchSize", "greater than or equal to 1"],

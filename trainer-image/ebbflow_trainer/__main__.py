@@ -159,6 +159,7 @@ def _check_spec(config: TrainerConfig) -> None:
     """Load the training script once before joining, so a broken script fails the job instead of looping."""
     from ebbflow_trainer.api import SpecError, load_spec
     from ebbflow_trainer.config import ConfigError
+    from ebbflow_trainer.lr_scaling import momentum_correction_problem
 
     try:
         spec = load_spec(config.spec)
@@ -168,6 +169,12 @@ def _check_spec(config: TrainerConfig) -> None:
         raise ConfigError(
             f"{contract.ENV_GLOBAL_BATCH_SIZE}={config.global_batch_size} exceeds the {len(spec.dataset)} "
             "samples of the dataset: lower the global batch size or provide more data."
+        )
+    problem = momentum_correction_problem(spec.optimizer) if config.momentum_correction else None
+    if problem:
+        raise ConfigError(
+            f"{contract.ENV_MOMENTUM_CORRECTION}=true (spec.momentumCorrection), but {problem}: use "
+            "torch.optim.SGD with momentum in the training script or leave momentumCorrection unset."
         )
     largest = config.max_global_batch_size
     if largest is not None and len(spec.dataset) < largest:

@@ -50,6 +50,7 @@ SHAPE_VARIABLES = {
     "batching": contract.ENV_BATCHING,
     "lrScaling": contract.ENV_LR_SCALING,
     "maxGlobalBatchSize": contract.ENV_MAX_GLOBAL_BATCH_SIZE,
+    "momentumCorrection": contract.ENV_MOMENTUM_CORRECTION,
 }
 
 
@@ -70,6 +71,7 @@ class TrainerConfig:
     global_batch_size: int
     batching: str = Batching.STATIC.value
     lr_scaling: str = LrScaling.NONE.value
+    momentum_correction: bool = False  # spec.momentumCorrection (see lr_scaling.MomentumCorrection)
     # spec.maxGlobalBatchSize (None: B never changes) and the file holding the B the policy chose.
     max_global_batch_size: int | None = None
     global_batch_size_file: str = ""
@@ -151,6 +153,14 @@ def _env_optional_int(env: Mapping[str, str], name: str) -> int | None:
     return _env_int(env, name) if env.get(name, "") != "" else None
 
 
+def _env_bool(env: Mapping[str, str], name: str) -> bool:
+    """A switch the operator sets to "true" when its spec field is on and leaves out otherwise."""
+    raw = env.get(name, "").strip().lower()
+    if raw not in ("", "true", "false"):
+        raise ConfigError(f"{name}={env[name]!r} must be true or false (or unset: false).")
+    return raw == "true"
+
+
 def visible_gpus() -> int:
     """CUDA devices this container sees (the pod's nvidia.com/gpu limit), 0 without CUDA."""
     import torch  # lazily: parsing the command line must not load torch
@@ -185,6 +195,7 @@ def from_environment(env: Mapping[str, str], *, gpus: int | None = None, **flags
         global_batch_size=_env_int(env, contract.ENV_GLOBAL_BATCH_SIZE),
         batching=env.get(contract.ENV_BATCHING, "") or Batching.STATIC.value,
         lr_scaling=env.get(contract.ENV_LR_SCALING, "") or LrScaling.NONE.value,
+        momentum_correction=_env_bool(env, contract.ENV_MOMENTUM_CORRECTION),
         max_global_batch_size=_env_optional_int(env, contract.ENV_MAX_GLOBAL_BATCH_SIZE),
         global_batch_size_file=env.get(contract.ENV_GLOBAL_BATCH_SIZE_FILE, ""),
         checkpoint_path=env.get(contract.ENV_CHECKPOINT_PATH, ""),
@@ -296,6 +307,8 @@ def _shape_values(config: TrainerConfig) -> dict[str, object]:
     }
     if config.max_global_batch_size is not None:
         values["maxGlobalBatchSize"] = config.max_global_batch_size
+    if config.momentum_correction:
+        values["momentumCorrection"] = True
     return values
 
 

@@ -66,7 +66,7 @@ from ebbflow_trainer.buckets import GradientBuckets, Pending
 from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.data import VirtualNodeLoader
 from ebbflow_trainer.evaluation import Evaluation
-from ebbflow_trainer.lr_scaling import GradientNoiseScale, lr_factor, noise_estimates
+from ebbflow_trainer.lr_scaling import GradientNoiseScale, MomentumCorrection, lr_factor, noise_estimates
 from ebbflow_trainer.sharding import DataPosition, derived_seed
 from ebbflow_trainer.update import OptimizerStep
 
@@ -144,6 +144,7 @@ class VirtualNodeEngine:
         self._gradient_blocks = self.layout.segment_blocks[0]
         self._agreement: torch.Tensor | None = None
         self.base_lrs = [float(group["lr"]) for group in spec.optimizer.param_groups]
+        self.momentum = MomentumCorrection(spec.optimizer) if config.momentum_correction else None
         self.base_batch_size = config.base_batch_size or config.global_batch_size
         # Where the current global batch began in the sample stream (see .sharding); its B is the step's.
         self.num_samples = len(spec.dataset)
@@ -536,8 +537,10 @@ class VirtualNodeEngine:
             base_batch=self.base_batch_size,
             noise=self.noise,
         )
-        for group, base_lr in zip(self.spec.optimizer.param_groups, self.base_lrs, strict=True):
-            group["lr"] = base_lr * factor
+        groups = self.spec.optimizer.param_groups
+        multipliers = self.momentum.apply(factor) if self.momentum else [factor] * len(groups)
+        for group, base_lr, multiplier in zip(groups, self.base_lrs, multipliers, strict=True):
+            group["lr"] = base_lr * multiplier
         return factor
 
 

@@ -155,6 +155,21 @@ def test_fixed_batch_worker_has_no_batch_file() -> None:
     assert not names & {contract.ENV_MAX_GLOBAL_BATCH_SIZE, contract.ENV_GLOBAL_BATCH_SIZE_FILE}
 
 
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        pytest.param({}, None, id="unset-absent"),
+        pytest.param({"lrScaling": "linear", "momentumCorrection": False}, None, id="off-absent"),
+        pytest.param({"lrScaling": "linear", "momentumCorrection": True}, "true", id="on"),
+    ],
+)
+def test_momentum_correction_reaches_every_container_only_when_on(fields: Json, expected: str | None) -> None:
+    job = make_job(JobBuilder("m").replicas(1, 2).global_batch_size(64).set(**fields))
+    for container in manifests.worker_pod(job, 0, world_generation=1)["spec"]["containers"]:
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env.get(contract.ENV_MOMENTUM_CORRECTION) == expected
+
+
 def test_worker_pod_spec_overrides() -> None:
     job = full_job()
     spec = manifests.worker_pod(job, 3, world_generation=9)["spec"]
