@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.bandlimit import BandLimitedConv2d, band_limit, kept_frequencies, set_compression_rate
+from ebbflow_trainer.engine import VirtualNodeEngine
 from torch import nn
+
+from tests.simulated_world import step_world
+from tests.trainer_config import trainer_config
 
 DEVICES = [
     "cpu",
@@ -200,3 +206,38 @@ def test_the_rate_change_drops_cached_transforms() -> None:
     band(x)
     assert len(band._plans) == 1
     assert "compression_rate=0.5" in repr(band)
+
+
+# --- in the trainer: deterministic mode across world sizes, and a rate switch between steps -------
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "digits_cnn" / "train.py"
+V = 4
+
+
+def _workers(world_size: int) -> list[VirtualNodeEngine]:
+    workers = []
+    for _ in range(world_size):
+        torch.manual_seed(0)
+        spec = load_spec(str(EXAMPLE))
+        config = trainer_config(max_replicas=V, virtual_nodes=V, global_batch_size=32, mode="deterministic")
+        workers.append(VirtualNodeEngine(spec, config))
+    return workers
+
+
+def test_deterministic_mode_is_bitwise_the_same_for_any_world_size_through_a_rate_switch() -> None:
+    """The example at its rate (0.5), then every worker at 0.75 from step 3 on, as the trainer
+    switches at a step boundary: every step is applied (none lost or skipped), and the parameters
+    are bitwise those of one worker holding every virtual node."""
+    finals = []
+    for world_size in (1, 2, 4):
+        workers = _workers(world_size)
+        for step in range(5):
+            if step == 3:
+                assert {set_compression_rate(w.spec.model, 0.75) for w in workers} == {3}
+            results = step_world(workers, step)
+            assert not any(r.skipped for r in results)
+        finals.append([t.detach().clone() for t in workers[0].spec.model.state_dict().values()])
+        for worker in workers:
+            worker.close()
+    for other in finals[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(other, finals[0], strict=True))
