@@ -168,6 +168,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     for r in rated:
         amplitudes = [float(a) for a in r["noisy_accuracy"]]
         axes[3].plot(amplitudes, list(r["noisy_accuracy"].values()), "o-", label=f"rate {r['rate']}")
+    for ax in axes[2:]:
+        ax.set_ylim(0.85, 1.0)  # accuracy: a tight automatic range makes a third of a point look large
     axes[3].set_xlabel("high-frequency noise (RMS, standardised images)")
     axes[3].set_title("held-out accuracy with noise")
     axes[3].legend()
