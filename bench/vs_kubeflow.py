@@ -13,7 +13,8 @@ volume every node shares). A calm run, then a run through this schedule:
   b  the node of worker 0 lost (Kubeflow's rendezvous host); if the job has not trained again within
      --patience seconds, the node comes back and the row says so
 
-Each disruption waits until the job trains again (or --patience runs out) before the next. The
+Each disruption waits until the job trains again (or --patience runs out) before the next, and is
+applied at the same place between two of Kubeflow's checkpoints (steps 25-29 of every 50). The
 disrupted run repeats --repeats times (default 3) on the same cluster, its lost nodes back before each:
 a recovery of a few seconds on a 2-core machine that also hosts the control plane varies by seconds from
 one run to the next, so the table gives each figure's median over the runs (times with their range) and
@@ -72,6 +73,10 @@ VIRTUAL_NODES, SAMPLES_PER_VNODE = 6, 64
 GLOBAL_BATCH = VIRTUAL_NODES * SAMPLES_PER_VNODE
 MIN_WORKERS, MAX_WORKERS = 2, 4
 EXAMPLES = "/opt/ebbflow/examples/digits"
+# Under Kubeflow a restart goes back to the last checkpoint, so its steps lost are the disruption's
+# place between two checkpoints: each disruption waits for the same place (steps 25-29 of every 50),
+# or that figure would be a draw from 0 to 49 and no second run could repeat it.
+CHECKPOINT_EVERY, DISRUPT_AFTER_CHECKPOINT, DISRUPT_WINDOW = 50, 25, 5
 # Torchrun's 30 s last call is kept: with Ebbflow's 1 s the tuned job crash-looped after an eviction in
 # 2 of 4 disrupted runs (bench/README.md), a draw no repeat makes reproducible.
 TUNED_RDZV = {"keep_alive_interval": "1", "keep_alive_max_attempt": "3"}
@@ -146,6 +151,7 @@ class Kubeflow:
         sample_seconds = settings.vnode_seconds / SAMPLES_PER_VNODE
         command = ["torchrun", f"{EXAMPLES}/torchrun_ddp.py", "--steps", str(settings.steps)]
         command += ["--global-batch", str(GLOBAL_BATCH), "--checkpoint-dir", f"/shared/{job}/checkpoints"]
+        command += ["--checkpoint-every", str(CHECKPOINT_EVERY)]
         command += [
             "--simulated-sample-seconds",
             str(sample_seconds),
@@ -289,8 +295,11 @@ class Row:
 def disrupt(
     kind: Kind, system: System, job: str, label: str, action: Callable[[], None], patience: float
 ) -> tuple[Row, float]:
-    """Apply one disruption and wait until the job trains in a new world (or ``patience`` runs out);
-    the row and the disruption's time."""
+    """Apply one disruption at the same place between two checkpoints (`at_disruption_phase`) and
+    wait until the job trains in a new world (or ``patience`` runs out); the row and the
+    disruption's time."""
+    with contextlib.suppress(TimeoutError):  # a job that does not train is disrupted as it is
+        wait_for(lambda: at_disruption_phase(_last_step(system, job)), 60, f"{job} at its disruption step")
     at = time.time()
     action()
 
@@ -308,6 +317,18 @@ def disrupt(
         ended = system.outcome(kind, job)
         row.note = f"the job ended ({ended}) first" if ended else f"no step within {patience:.0f} s"
     return row, at
+
+
+def at_disruption_phase(step: int | None) -> bool:
+    """Whether the last step trained lies where every disruption is applied (`CHECKPOINT_EVERY`)."""
+    if step is None:
+        return False
+    return 0 <= step % CHECKPOINT_EVERY - DISRUPT_AFTER_CHECKPOINT < DISRUPT_WINDOW
+
+
+def _last_step(system: System, job: str) -> int | None:
+    steps = system.timeline(job).steps
+    return steps[-1].step if steps else None
 
 
 def recovered(system: System, job: str, label: str, at: float) -> rec.Recovery:

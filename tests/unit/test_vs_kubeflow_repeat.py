@@ -149,3 +149,21 @@ def test_table_shows_the_median_with_its_range_only_for_repeats() -> None:
     }
     assert "| ebbflow | a: worker node lost | 4.6 | 0 |" in bench.table(once)
     assert "| ebbflow | a: worker node lost | 4.6 (3.8-7.5) | 0 |" in bench.table(thrice)
+
+
+@pytest.mark.parametrize(
+    ("step", "expected"),
+    [
+        pytest.param(None, False, id="not-training-yet"),
+        pytest.param(24, False, id="before"),
+        pytest.param(25, True, id="first"),
+        pytest.param(29, True, id="last"),
+        pytest.param(30, False, id="after"),
+        pytest.param(475, True, id="later-interval"),
+        pytest.param(500, False, id="at-a-checkpoint"),
+    ],
+)
+def test_disruptions_wait_for_the_same_place_between_two_checkpoints(
+    step: int | None, expected: bool
+) -> None:
+    assert bench.at_disruption_phase(step) is expected
