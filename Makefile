@@ -106,7 +106,7 @@ bench-operator: install tools ## Operator benchmark: 100 jobs on 500 fake GPU no
 bench-trainer: install ## Trainer rescale-pause benchmark against stock torchrun; see bench/README.md.
 	$(PY) bench/trainer_rescale.py
 
-bench-vs-kubeflow: install tools ## Ebbflow vs Kubeflow's elastic PyTorchJob on fresh kind clusters, same disruptions, each three times (about 2 h 45 min; Ebbflow alone 23 min); see bench/README.md.
+bench-vs-kubeflow: install tools ## Ebbflow vs Kubeflow's elastic PyTorchJob on fresh kind clusters, same disruptions, each three times (2 h 15 min measured; Ebbflow alone 23 min); see bench/README.md.
 	$(PY) bench/vs_kubeflow.py
 
 clean: cluster-down ## Remove the venv, built tools in .tools and cluster state (the per-machine tool cache stays).
