@@ -25,6 +25,9 @@ LABEL_WORKER_INDEX: Final = f"{API_GROUP}/worker-index"
 ANNOTATION_WORLD_GENERATION: Final = f"{API_GROUP}/world-generation"
 # The global batch B the policy chose for a job with spec.maxGlobalBatchSize (see ENV_GLOBAL_BATCH_SIZE_FILE).
 ANNOTATION_GLOBAL_BATCH_SIZE: Final = f"{API_GROUP}/global-batch-size"
+# The GPU memory (MiB, a decimal integer) each worker of a job with spec.bandLimit may use: the
+# smallest over its workers (see ENV_MEMORY_BUDGET_FILE).
+ANNOTATION_MEMORY_BUDGET: Final = f"{API_GROUP}/memory-budget-mib"
 # Rank 0 writes a JSON progress report here on its own pod (see PROGRESS_FIELDS); the operator
 # copies the newest report into the job's status.progress. "eval" is the training script's last
 # evaluation, {"step": int, "metrics": {name: number}}, or null. The step's shape and time split
@@ -33,7 +36,8 @@ ANNOTATION_GLOBAL_BATCH_SIZE: Final = f"{API_GROUP}/global-batch-size"
 # accumulationSteps + 1 micro-batches of computeSeconds each (rank 0's forward+backward), plus
 # communicationSeconds (the rest: gradient sync and waiting for slower workers). noiseScale is the
 # gradient noise scale (null unless the trainer estimates it); rescalePauseSeconds the last pause
-# of a membership change (null before any).
+# of a membership change (null before any); compressionRate the band-limited convolutions' rate in
+# use (null unless spec.bandLimit).
 ANNOTATION_PROGRESS: Final = f"{API_GROUP}/progress"
 PROGRESS_FIELDS: Final = (
     "step",
@@ -50,6 +54,7 @@ PROGRESS_FIELDS: Final = (
     "communicationSeconds",
     "noiseScale",
     "rescalePauseSeconds",
+    "compressionRate",
 )
 
 # --- Environment variables the operator sets on every worker container ---------------------------
@@ -75,6 +80,15 @@ ENV_GLOBAL_BATCH_SIZE_FILE: Final = "EBBFLOW_GLOBAL_BATCH_SIZE_FILE"
 ENV_LR_SCALING: Final = "EBBFLOW_LR_SCALING"
 # spec.momentumCorrection: "true" when set (absent otherwise).
 ENV_MOMENTUM_CORRECTION: Final = "EBBFLOW_MOMENTUM_CORRECTION"
+# spec.bandLimit (absent otherwise): ENV_BAND_LIMIT is "true" and ENV_MAX_COMPRESSION_RATE its
+# maxCompressionRate. The operator writes the per-worker GPU memory budget to
+# ANNOTATION_MEMORY_BUDGET on every worker pod, the kubelet projects it into the file at
+# ENV_MEMORY_BUDGET_FILE, and the trainers switch together, at a step boundary, to the smallest
+# compression rate whose measured peak fits it (rank 0 reads the file; the choice travels in the
+# step's collective). An empty or missing file keeps the rate in use.
+ENV_BAND_LIMIT: Final = "EBBFLOW_BAND_LIMIT"
+ENV_MAX_COMPRESSION_RATE: Final = "EBBFLOW_MAX_COMPRESSION_RATE"
+ENV_MEMORY_BUDGET_FILE: Final = "EBBFLOW_MEMORY_BUDGET_FILE"
 ENV_WORLD_GENERATION: Final = "EBBFLOW_WORLD_GENERATION"
 ENV_CHECKPOINT_PATH: Final = "EBBFLOW_CHECKPOINT_PATH"
 ENV_CHECKPOINT_INTERVAL_STEPS: Final = "EBBFLOW_CHECKPOINT_INTERVAL_STEPS"

@@ -219,6 +219,28 @@ class Checkpoint(ApiModel):
     interval_steps: int = Field(1000, ge=1, le=10_000_000, description="Steps between durable checkpoints.")
 
 
+class BandLimit(ApiModel):
+    """Opt-in memory elasticity: the convolutions drop their highest frequencies when a worker's share
+    of its GPU's memory shrinks (Dziedzic et al., ICML 2019; docs/trainer.md)."""
+
+    memory_budget_mib: int | None = Field(
+        None,
+        alias="memoryBudgetMiB",
+        ge=1,
+        le=16_777_216,
+        description="GPU memory (MiB) each worker may use. Unset: the device's memory shared among the "
+        "workers time-sliced on it, from the node's labels nvidia.com/gpu.memory (MiB per GPU) and "
+        "nvidia.com/gpu.replicas, times the worker's GPUs; the smallest over the job's workers.",
+    )
+    max_compression_rate: float = Field(
+        0.75,
+        ge=0,
+        lt=1,
+        description="The largest fraction of each convolution's spectrum the trainers may drop (they "
+        "choose among 0, 0.25, 0.5 and 0.75 the smallest that fits the budget).",
+    )
+
+
 class RendezvousSpec(ApiModel):
     """The rendezvous pod (CPU only) that hosts the c10d store."""
 
@@ -385,6 +407,12 @@ class ElasticTrainingJobSpec(TrainingShape):
         "pod; finished workers stay for their logs), All, or None.",
     )
     rendezvous: RendezvousSpec = Field(default_factory=RendezvousSpec)
+    band_limit: BandLimit | None = Field(
+        None,
+        description="Set (even empty, {}) to let the trainers trade convolution bandwidth for GPU memory: "
+        "the training script's Conv2d layers become band-limited and their compression rate follows "
+        "the workers' memory budget. Unset (the default): the model is never changed.",
+    )
     cel_rules = (
         *TrainingShape.cel_rules,
         Rule(
@@ -461,6 +489,9 @@ class Progress(ApiModel):
     noise_scale: float | None = Field(None, description="Gradient noise scale estimate, when measured.")
     rescale_pause_seconds: float | None = Field(
         None, description="Pause of the last membership change, when there was one."
+    )
+    compression_rate: float | None = Field(
+        None, description="Fraction of each convolution's spectrum dropped (spec.bandLimit only)."
     )
 
 
