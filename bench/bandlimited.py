@@ -22,15 +22,14 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 from ebbflow_trainer.api import TrainingSpec, import_script
+from ebbflow_trainer.memory_budget import peak_bytes
 from torch import nn
-from torch.profiler import ProfilerActivity, profile
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits_cnn" / "train.py"
@@ -44,32 +43,9 @@ def _step(spec: TrainingSpec, batch: list[torch.Tensor]) -> None:
     spec.optimizer.step()
 
 
-def _cpu_peak_bytes(run: Callable[[], None]) -> int:
-    """The most CPU memory `run` held at once beyond what it started with, from the profiler's
-    record of every allocation (positive) and free (negative)."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    cpu = torch.autograd.DeviceType.CPU
-    events = [
-        e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type() == cpu
-    ]
-    held = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        held += event.nbytes()
-        peak = max(peak, held)
-    return peak
-
-
 def peak_step_bytes(spec: TrainingSpec, batch: list[torch.Tensor], device: torch.device) -> int:
     _step(spec, batch)  # optimizer state and cached transforms exist before the measured step
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        _step(spec, batch)
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
-    return _cpu_peak_bytes(lambda: _step(spec, batch))
+    return peak_bytes(lambda: _step(spec, batch), device)
 
 
 def step_seconds(spec: TrainingSpec, batch: list[torch.Tensor], device: torch.device, steps: int) -> float:

@@ -8,8 +8,10 @@ grid agreements are combined with MAX before packing, then the messages are summ
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
-from ebbflow_trainer.engine import StepResult, VirtualNodeEngine, WorldOfOne
+from ebbflow_trainer.engine import NO_REQUESTS, Requests, StepResult, VirtualNodeEngine, WorldOfOne
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
 
 
@@ -19,10 +21,13 @@ def reduce_world(
     assignment: list[list[int]],
     *,
     leave_rank: int | None = None,
+    requests: Sequence[Requests] = (),
 ) -> tuple[torch.Tensor, list[float]]:
     """The all-reduced message of ``step`` with worker r holding ``assignment[r]``, and each worker's
-    compute seconds. Worker ``leave_rank`` asks to leave."""
+    compute seconds. Worker ``leave_rank`` asks to leave; worker r sends ``requests[r]`` (default:
+    none from anyone)."""
     size = len(workers)
+    requests = list(requests) or [NO_REQUESTS] * size
     if workers[0].method == "sum":
         shares = [
             engine.reduce_step(
@@ -32,19 +37,25 @@ def reduce_world(
                 world_size=size,
                 leave=lambda rank=rank: rank == leave_rank,  # type: ignore[misc]
                 comm=WorldOfOne(),
+                requests=requests[rank],
             )
             for rank, engine in enumerate(workers)
         ]
         return torch.stack([message.clone() for message, _ in shares]).sum(0), [s for _, s in shares]
     computed = [engine.compute_rows(step, assignment[rank]) for rank, engine in enumerate(workers)]
-    return combine_rows(workers, computed, leave_rank=leave_rank), [seconds for _, seconds in computed]
+    reduced = combine_rows(workers, computed, leave_rank=leave_rank, requests=requests)
+    return reduced, [seconds for _, seconds in computed]
 
 
 Computed = tuple[dict[int, torch.Tensor], float]
 
 
 def combine_rows(
-    workers: list[VirtualNodeEngine], computed: list[Computed], *, leave_rank: int | None = None
+    workers: list[VirtualNodeEngine],
+    computed: list[Computed],
+    *,
+    leave_rank: int | None = None,
+    requests: Sequence[Requests] = (),
 ) -> torch.Tensor:
     """Deterministic mode's collectives over each worker's (rows, compute seconds): MAX over the grid
     agreements (exact sums), then the sum of the packed messages."""
@@ -60,6 +71,7 @@ def combine_rows(
             compute_seconds=seconds,
             leave=rank == leave_rank,
             agreement=agreement,
+            requests=requests[rank] if requests else NO_REQUESTS,
         )
         for rank, (engine, (rows, seconds)) in enumerate(zip(workers, computed, strict=True))
     ]
@@ -67,10 +79,14 @@ def combine_rows(
 
 
 def step_world(
-    workers: list[VirtualNodeEngine], step: int, counts: list[int] | None = None
+    workers: list[VirtualNodeEngine],
+    step: int,
+    counts: list[int] | None = None,
+    requests: Sequence[Requests] = (),
 ) -> list[StepResult]:
-    """One global step of ``workers`` holding ``counts`` virtual nodes each (default: even shares)."""
+    """One global step of ``workers`` holding ``counts`` virtual nodes each (default: even shares),
+    worker r sending ``requests[r]``."""
     virtual_nodes = workers[0].config.virtual_nodes
     assignment = ranges_from_counts(counts or even_counts(virtual_nodes, len(workers)))
-    reduced, _ = reduce_world(workers, step, assignment)
+    reduced, _ = reduce_world(workers, step, assignment, requests=requests)
     return [engine.apply(reduced.clone(), len(workers)) for engine in workers]

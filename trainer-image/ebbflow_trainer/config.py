@@ -26,6 +26,7 @@ from pathlib import Path
 from ebbflow_api import contract
 from ebbflow_api.models import (
     MAX_NON_FINITE_STEPS,
+    BandLimit,
     Batching,
     ElasticTrainingJobSpec,
     LrScaling,
@@ -75,6 +76,10 @@ class TrainerConfig:
     # spec.maxGlobalBatchSize (None: B never changes) and the file holding the B the policy chose.
     max_global_batch_size: int | None = None
     global_batch_size_file: str = ""
+    # spec.bandLimit: band-limited convolutions up to this rate, and the file holding the memory budget.
+    band_limit: bool = False
+    max_compression_rate: float = 0.75
+    memory_budget_file: str = ""
     mode: str = "deterministic"
     # Training processes per pod, all members of the same elastic world (one per visible GPU by default).
     nproc_per_node: int = 1
@@ -153,6 +158,16 @@ def _env_optional_int(env: Mapping[str, str], name: str) -> int | None:
     return _env_int(env, name) if env.get(name, "") != "" else None
 
 
+def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number: write it like 0.5.") from None
+
+
 def _env_bool(env: Mapping[str, str], name: str) -> bool:
     """A switch the operator sets to "true" when its spec field is on and leaves out otherwise."""
     raw = env.get(name, "").strip().lower()
@@ -198,6 +213,9 @@ def from_environment(env: Mapping[str, str], *, gpus: int | None = None, **flags
         momentum_correction=_env_bool(env, contract.ENV_MOMENTUM_CORRECTION),
         max_global_batch_size=_env_optional_int(env, contract.ENV_MAX_GLOBAL_BATCH_SIZE),
         global_batch_size_file=env.get(contract.ENV_GLOBAL_BATCH_SIZE_FILE, ""),
+        band_limit=_env_bool(env, contract.ENV_BAND_LIMIT),
+        max_compression_rate=_env_float(env, contract.ENV_MAX_COMPRESSION_RATE, 0.75),
+        memory_budget_file=env.get(contract.ENV_MEMORY_BUDGET_FILE, ""),
         checkpoint_path=env.get(contract.ENV_CHECKPOINT_PATH, ""),
         checkpoint_interval_steps=_env_int(env, contract.ENV_CHECKPOINT_INTERVAL_STEPS, 0),
         metrics_port=_env_int(env, contract.ENV_METRICS_PORT, contract.METRICS_PORT),
@@ -235,6 +253,7 @@ def validate(config: TrainerConfig) -> None:
             "recreated job never joins an old rendezvous round."
         )
     _check_shape(config)
+    _check_band_limit(config)
     _check_processes(config)
     if config.mode not in MODES:
         raise ConfigError(f"--mode={config.mode!r} must be one of {MODES}.")
@@ -334,6 +353,17 @@ def _check_shape(config: TrainerConfig) -> None:
     for _, rule in rule_violations(model):
         named = [f"{SHAPE_VARIABLES[p]}={values[p]}" for p in values if f"spec.{p}" in rule.message]
         raise ConfigError(f"{', '.join(named)}: {rule.message}")
+
+
+def _check_band_limit(config: TrainerConfig) -> None:
+    """spec.bandLimit's maxCompressionRate by the API's own bounds."""
+    try:
+        BandLimit(maxCompressionRate=config.max_compression_rate)
+    except ValidationError as error:
+        raise ConfigError(
+            f"{contract.ENV_MAX_COMPRESSION_RATE}={config.max_compression_rate!r} "
+            f"(spec.bandLimit.maxCompressionRate): {error.errors()[0]['msg']}"
+        ) from None
 
 
 def batch_violation(config: TrainerConfig, batch: int) -> str | None:

@@ -159,3 +159,19 @@ class VirtualNodeLoader:
             shutdown()
         self._batches = self._loader = None
         self._expected = None
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` (tensors, possibly in dicts, lists and tuples) on ``device``; pinned memory copies
+    asynchronously. Anything else passes as it is."""
+    if device.type == "cpu":
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return type(batch)({key: to_device(value, device) for key, value in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(to_device(value, device) for value in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(to_device(value, device) for value in batch)
+    return batch

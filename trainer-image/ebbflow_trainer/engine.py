@@ -34,8 +34,10 @@ buffers (``num_batches_tracked``) advance identically on every virtual node and 
 
 The message also carries, per worker, its compute time (for dynamic batching; with exact sums as
 the float64's bits, which the sum reproduces exactly), one "leave" flag (any worker asked
-to stop at this step boundary) and, for a job with ``maxGlobalBatchSize``, rank 0's request for a
-new global batch B (:mod:`ebbflow_trainer.global_batch`), so none of them costs an extra collective.
+to stop at this step boundary) and rank 0's requests: for a job with ``maxGlobalBatchSize`` a new
+global batch B (:mod:`ebbflow_trainer.global_batch`), for a job with ``bandLimit`` a compression rate
+for the band-limited convolutions (:mod:`ebbflow_trainer.memory_budget`), so none of them costs an
+extra collective.
 The engine computes each step with the current B (``position``: V stays fixed, B / V samples per
 virtual node) and switches when told to, between steps.
 
@@ -55,20 +57,34 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from ebbflow_trainer import exact, global_batch
+from ebbflow_trainer import exact, global_batch, memory_budget
 from ebbflow_trainer.api import TrainingSpec
+from ebbflow_trainer.bandlimit import band_limit, set_compression_rate
 from ebbflow_trainer.buckets import GradientBuckets, Pending
 from ebbflow_trainer.config import TrainerConfig
-from ebbflow_trainer.data import VirtualNodeLoader
+from ebbflow_trainer.data import VirtualNodeLoader, to_device
 from ebbflow_trainer.evaluation import Evaluation
 from ebbflow_trainer.lr_scaling import GradientNoiseScale, MomentumCorrection, lr_factor, noise_estimates
 from ebbflow_trainer.sharding import DataPosition, derived_seed
 from ebbflow_trainer.update import OptimizerStep
+
+
+@dataclass(frozen=True)
+class Requests:
+    """What rank 0 asks every worker to switch to after a step, carried in that step's message: a
+    global batch (:mod:`.global_batch`; 0: none) and a compression rate (:mod:`.memory_budget`'s
+    message value; 0: none)."""
+
+    batch: int = 0
+    rate: int = 0
+
+
+NO_REQUESTS = Requests()
 
 
 @dataclass
@@ -82,7 +98,7 @@ class StepResult:
     lr: float | None = None  # the first parameter group's LR the step used; None when skipped
     grad_norm: float | None = None  # the combined gradient's norm before clipping (when clipping)
     loss_scale: float | None = None  # the fp16 loss scale for the next step
-    batch_request: int = 0  # the global batch rank 0 asked for from the next step on (0: none)
+    requests: Requests = field(default_factory=lambda: NO_REQUESTS)  # rank 0's, from the next step on
 
 
 class ReductionFailed(Exception):
@@ -150,6 +166,13 @@ class VirtualNodeEngine:
         self.num_samples = len(spec.dataset)
         self.position = DataPosition(config.global_batch_size)
         self.request_digits = global_batch.digits(config)
+        # spec.bandLimit: the Conv2d layers become band-limited (exact at rate 0); one message value
+        # carries rank 0's rate request. The footprint is measured once, by rank 0, when first needed.
+        self.rates = memory_budget.allowed_rates(config.max_compression_rate) if config.band_limit else ()
+        self.compression_rate = 0.0
+        self.footprint: memory_budget.Footprint | None = None
+        if config.band_limit:
+            band_limit(spec.model, self.compression_rate)
         self.noise = GradientNoiseScale()
         self.nonfinite_streak = 0
         self._advanced_buffers: list[torch.Tensor] = []
@@ -186,6 +209,23 @@ class VirtualNodeEngine:
     def samples_per_virtual_node(self) -> int:
         return self.global_batch_size // self.config.virtual_nodes
 
+    def switch_rate(self, rate: float) -> None:
+        """Compute the steps from now on with the band-limited layers at ``rate``."""
+        set_compression_rate(self.spec.model, rate)
+        self.compression_rate = rate
+
+    def measured_footprint(self) -> memory_budget.Footprint:
+        """The footprint of this job's virtual nodes at every allowed rate: measured the first time."""
+        if self.footprint is None:
+            self.footprint = memory_budget.measure(
+                self.spec,
+                self.samples_per_virtual_node,
+                self.rates,
+                self.device,
+                lambda: self.update.autocast(self.device_type),
+            )
+        return self.footprint
+
     def switch_batch(self, step: int, batch: int) -> None:
         """From ``step`` on, compute steps of ``batch`` samples; they continue the sample stream where
         step ``step - 1`` stopped."""
@@ -207,13 +247,13 @@ class VirtualNodeEngine:
         world_size: int,
         leave: Callable[[], bool],
         comm: Collectives,
-        batch_request: int = 0,
+        requests: Requests = NO_REQUESTS,
     ) -> tuple[torch.Tensor, float]:
         """Compute this worker's virtual nodes of ``step`` and all-reduce them with the world: the
         reduced message for ``apply`` and the compute time. ``leave`` is read once computing is done;
-        ``batch_request``: the global batch rank 0 asks for (0 from every other rank)."""
+        ``requests``: rank 0's (none from every other rank)."""
         if self.buckets is not None:
-            return self._overlapped_step(step, virtual_nodes, rank, world_size, leave, comm, batch_request)
+            return self._overlapped_step(step, virtual_nodes, rank, world_size, leave, comm, requests)
         rows, seconds = self.compute_rows(step, virtual_nodes)
         agreement = self.agreement(rows)
         if agreement is not None:
@@ -226,7 +266,7 @@ class VirtualNodeEngine:
             compute_seconds=seconds,
             leave=leave(),
             agreement=agreement,
-            batch_request=batch_request,
+            requests=requests,
         )
         comm.all_reduce(message).wait()
         return message, seconds
@@ -239,10 +279,10 @@ class VirtualNodeEngine:
         world_size: int,
         leave: Callable[[], bool],
         comm: Collectives,
-        batch_request: int,
+        requests: Requests,
     ) -> tuple[torch.Tensor, float]:
         """Fast mode: gradients go into the message as backward produces them (see :mod:`.buckets`);
-        the extras (buffers, loss, squared norms, compute time, leave flag, batch request) are added
+        the extras (buffers, loss, squared norms, compute time, leave flag, requests) are added
         after each virtual node and ride in the last bucket."""
         buckets = self.buckets
         assert buckets is not None
@@ -265,7 +305,7 @@ class VirtualNodeEngine:
         seconds = time.perf_counter() - started
         message[self.row_size + rank] = seconds
         message[self.row_size + world_size] = 1.0 if leave() else 0.0
-        self._write_request(message[self.row_size + world_size + 1 :], batch_request)
+        self._write_requests(message[self.row_size + world_size + 1 :], requests)
         buckets.finish()
         return buckets.wait(), seconds
 
@@ -356,13 +396,21 @@ class VirtualNodeEngine:
         return rows * self.row_size + coded_values + self.tail_size(world_size)
 
     def tail_size(self, world_size: int) -> int:
-        """The message's tail: compute times (one per worker), the leave flag, the batch request."""
-        return world_size + 1 + self.request_digits
+        """The message's tail: compute times (one per worker), the leave flag, the batch request's
+        digits (maxGlobalBatchSize only) and the rate request (bandLimit only)."""
+        return world_size + 1 + self.request_digits + (1 if self.rates else 0)
 
-    def _write_request(self, digits: torch.Tensor, batch_request: int) -> None:
-        if self.request_digits:
-            values = global_batch.encode(batch_request, self.request_digits)
-            digits.copy_(torch.tensor(values, dtype=digits.dtype))
+    def _write_requests(self, values: torch.Tensor, requests: Requests) -> None:
+        """Rank 0's requests into the tail after the leave flag (every other rank writes zeros)."""
+        digits = global_batch.encode(requests.batch, self.request_digits)
+        rate = [requests.rate] if self.rates else []
+        if digits or rate:
+            values.copy_(torch.tensor(digits + rate, dtype=values.dtype))
+
+    def _read_requests(self, values: torch.Tensor) -> Requests:
+        reduced = values.tolist()
+        rate = round(reduced[self.request_digits]) if self.rates else 0
+        return Requests(global_batch.decode(reduced[: self.request_digits]), rate)
 
     def message_bytes(self, world_size: int) -> int:
         """Bytes all-reduced per step when every value is finite, the grid agreement included."""
@@ -387,14 +435,12 @@ class VirtualNodeEngine:
         compute_seconds: float,
         leave: bool,
         agreement: torch.Tensor | None = None,
-        batch_request: int = 0,
+        requests: Requests = NO_REQUESTS,
     ) -> torch.Tensor:
         """This worker's message. Exact sums need the MAX-reduced ``agreement`` (a lone worker may
         omit it)."""
         if self.method == "exact":
-            return self._pack_exact(
-                rows, rank, world_size, (compute_seconds, leave, batch_request), agreement
-            )
+            return self._pack_exact(rows, rank, world_size, (compute_seconds, leave, requests), agreement)
         message = torch.zeros(self.message_size(world_size), dtype=self.dtype, device=self.message_device)
         row_area = message[: message.numel() - self.tail_size(world_size)]
         if self.method != "table":
@@ -405,7 +451,7 @@ class VirtualNodeEngine:
         tail = message[row_area.numel() :]
         tail[rank] = compute_seconds
         tail[world_size] = 1.0 if leave else 0.0
-        self._write_request(tail[world_size + 1 :], batch_request)
+        self._write_requests(tail[world_size + 1 :], requests)
         return message
 
     def _pack_exact(
@@ -413,11 +459,11 @@ class VirtualNodeEngine:
         rows: dict[int, torch.Tensor],
         rank: int,
         world_size: int,
-        extras: tuple[float, bool, int],
+        extras: tuple[float, bool, Requests],
         agreement: torch.Tensor | None,
     ) -> torch.Tensor:
-        """``extras``: this worker's compute seconds, leave flag and batch request."""
-        compute_seconds, leave, batch_request = extras
+        """``extras``: this worker's compute seconds, leave flag and requests."""
+        compute_seconds, leave, requests = extras
         if agreement is None:
             if world_size != 1:
                 raise ValueError("exact sums: all-reduce agreement(rows) with MAX and pass it to pack")
@@ -436,7 +482,7 @@ class VirtualNodeEngine:
         # A float's bits plus zeros from every other worker: the sum is that float, exactly.
         tail[rank] = int(torch.tensor([compute_seconds], dtype=torch.float64).view(torch.int64)[0])
         tail[world_size] = 1 if leave else 0
-        self._write_request(tail[world_size + 1 :], batch_request)
+        self._write_requests(tail[world_size + 1 :], requests)
         return message
 
     # --- the update ------------------------------------------------------------------------------
@@ -470,12 +516,12 @@ class VirtualNodeEngine:
             lr=lr,
             grad_norm=grad_norm,
             loss_scale=self.update.loss_scale,
-            batch_request=global_batch.decode(tail[world_size + 1 :].tolist()),
+            requests=self._read_requests(tail[world_size + 1 :]),
         )
 
     def _unpack(self, message: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The mean row over the V virtual nodes, and the tail of the message (compute times, the
-        leave flag, the batch request)."""
+        leave flag, the requests)."""
         v = self.config.virtual_nodes
         if self.method == "exact":
             return self._unpack_exact(message)
@@ -550,19 +596,3 @@ def seed_generators(seed: int, device: torch.device) -> None:
     torch.default_generator.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.manual_seed(seed)  # the current device: the worker's own GPU
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """``batch`` (tensors, possibly in dicts, lists and tuples) on ``device``; pinned memory copies
-    asynchronously. Anything else passes as it is."""
-    if device.type == "cpu":
-        return batch
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return type(batch)({key: to_device(value, device) for key, value in batch.items()})
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
-        return type(batch)(*(to_device(value, device) for value in batch))
-    if isinstance(batch, list | tuple):
-        return type(batch)(to_device(value, device) for value in batch)
-    return batch

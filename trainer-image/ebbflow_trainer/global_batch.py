@@ -5,10 +5,8 @@ Only a job with ``spec.maxGlobalBatchSize`` (``config.max_global_batch_size``) c
 the file is never read and the step's message is the same as before the feature existed. The
 invariants:
 
-- Rank 0 alone reads the file (the kubelet's projection of the pod's annotation), at most once every
-  ``READ_INTERVAL_SECONDS``: the kubelet refreshes a projected annotation only on its periodic sync
-  (about a minute), so reading more often finds nothing new, and however short the steps the file
-  costs at most one small read a second. An empty, missing or unreadable file asks for nothing.
+- Rank 0 alone reads the file (the kubelet's projection of the pod's annotation), at most once a
+  second (:mod:`ebbflow_trainer.projected`). An empty, missing or unreadable file asks for nothing.
   After a world re-forms its rank 0 reads its own pod's file (the operator annotates every worker
   pod alike); until a request arrives, the world keeps the B of the state it resumed from.
 - A value the spec does not allow (not a whole number, below ``globalBatchSize``, above
@@ -31,13 +29,12 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from ebbflow_trainer.config import TrainerConfig, batch_violation
+from ebbflow_trainer.projected import ProjectedFile
 
 log = logging.getLogger("ebbflow_trainer.global_batch")
 
-READ_INTERVAL_SECONDS = 1.0
 # Integers up to 256 are exact in every float dtype (bfloat16 has 8 significant bits).
 DIGIT_BASE = 256
 IGNORED_LOG = "ignoring the global batch size %r in %s: %s"
@@ -70,39 +67,18 @@ class RequestFile:
 
     def __init__(self, config: TrainerConfig, clock: Callable[[], float] = time.monotonic):
         self.config = config
-        self.path = Path(config.global_batch_size_file)
-        self.clock = clock
-        self._read_at: float | None = None
-        self._text: str | None = None  # the content last read
-        self._error = ""  # the last read error logged
+        self.file = ProjectedFile(config.global_batch_size_file, log, "the global batch size", clock)
         self._batch = 0
 
     def poll(self) -> int:
         """The B to send with this step (0: no request); reads the file when the interval has passed."""
-        now = self.clock()
-        if self._read_at is not None and now - self._read_at < READ_INTERVAL_SECONDS:
-            return self._batch
-        self._read_at = now
-        text = self._read()
-        if text != self._text:
-            self._text = text
+        text = self.file.changed()
+        if text is not None:
             request = requested_batch(text, self.config)
             if request.ignored is not None:
-                log.warning(IGNORED_LOG, text.strip()[:MAX_LOGGED], self.path, request.ignored)
+                log.warning(IGNORED_LOG, text.strip()[:MAX_LOGGED], self.file.path, request.ignored)
             self._batch = request.batch or 0
         return self._batch
-
-    def _read(self) -> str:
-        """The file's content; empty when it is missing or cannot be read (logged once per error)."""
-        try:
-            return self.path.read_bytes().decode(errors="replace")
-        except FileNotFoundError:
-            return ""
-        except OSError as error:
-            if str(error) != self._error:
-                self._error = str(error)
-                log.warning("cannot read the global batch size from %s: %s", self.path, error)
-            return ""
 
 
 def digits(config: TrainerConfig) -> int:

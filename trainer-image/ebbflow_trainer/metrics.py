@@ -40,6 +40,10 @@ GLOBAL_BATCH_SIZE = Gauge(
     "ebbflow_trainer_global_batch_size",
     "Samples per step of the whole job (B) in the last step; changes only with spec.maxGlobalBatchSize",
 )
+COMPRESSION_RATE = Gauge(
+    "ebbflow_trainer_compression_rate",
+    "Fraction of each band-limited convolution's spectrum dropped (0 without spec.bandLimit)",
+)
 WORKER_SAMPLES = Gauge("ebbflow_trainer_worker_samples_per_step", "Samples per step computed by this worker")
 LOSS = Gauge("ebbflow_trainer_loss", "Training loss of the last step (mean over the global batch)")
 WORLD_SIZE = Gauge("ebbflow_trainer_world_size", "Workers in the current world")
@@ -90,6 +94,7 @@ class StepShape:
     compute_seconds: float  # rank 0's forward+backward over all its micro-batches
     noise_scale: float | None = None
     rescale_pause_seconds: float | None = None
+    compression_rate: float | None = None  # spec.bandLimit only
 
     def values(self) -> tuple[Any, ...]:
         """The contract's fields after "eval", in order."""
@@ -103,6 +108,7 @@ class StepShape:
             max(0.0, self.step_seconds - self.compute_seconds),
             _finite_or_none(self.noise_scale),
             self.rescale_pause_seconds,
+            self.compression_rate,
         )
 
 

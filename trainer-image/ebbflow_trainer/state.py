@@ -33,6 +33,7 @@ import torch
 
 from ebbflow_trainer.config import batch_violation
 from ebbflow_trainer.engine import VirtualNodeEngine
+from ebbflow_trainer.memory_budget import Footprint
 from ebbflow_trainer.sharding import DataPosition
 
 log = logging.getLogger("ebbflow_trainer.state")
@@ -107,6 +108,8 @@ def capture(engine: VirtualNodeEngine, step: int, last_step_wall_time: float) ->
         "global_batch_size": engine.global_batch_size,
         "position": dataclasses.asdict(engine.position),
         "seed": engine.config.seed,
+        "compression_rate": engine.compression_rate,
+        "footprint": engine.footprint.to_state() if engine.footprint is not None else None,
     }
 
 
@@ -125,9 +128,21 @@ def restore(engine: VirtualNodeEngine, state: dict[str, Any]) -> None:
     engine.nonfinite_streak = int(state.get("nonfinite_streak", 0))
     engine.update.load_state_dict(state.get("update", {}))
     engine.evaluation.last = copy.deepcopy(state.get("evaluation"))
+    _restore_compression(engine, state)
     extra = engine.spec.extra_state
     if extra is not None and state.get("extra") is not None:
         extra[1](copy.deepcopy(state["extra"]))
+
+
+def _restore_compression(engine: VirtualNodeEngine, state: dict[str, Any]) -> None:
+    """A band-limited job continues at the state's rate (when it still allows it) with the footprint
+    measured before; a job without spec.bandLimit ignores both."""
+    if not engine.rates:
+        return
+    rate = float(state.get("compression_rate") or 0.0)
+    engine.switch_rate(rate if rate in engine.rates else 0.0)
+    footprint = state.get("footprint")
+    engine.footprint = Footprint.from_state(footprint) if footprint is not None else None
 
 
 def _position(engine: VirtualNodeEngine, state: dict[str, Any]) -> DataPosition:

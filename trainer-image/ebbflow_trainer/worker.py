@@ -39,11 +39,11 @@ import torch.distributed as dist
 from ebbflow_api import contract
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-from ebbflow_trainer import global_batch, metrics, state
+from ebbflow_trainer import global_batch, memory_budget, metrics, state
 from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.batching import DynamicBatchingController
 from ebbflow_trainer.config import TrainerConfig
-from ebbflow_trainer.engine import ReductionFailed, StepResult, VirtualNodeEngine
+from ebbflow_trainer.engine import ReductionFailed, Requests, StepResult, VirtualNodeEngine
 from ebbflow_trainer.rendezvous import connect, generation_store
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
 from ebbflow_trainer.termination import write_termination_message
@@ -56,6 +56,7 @@ RESUMES_LOG = "generation %s: rank %s of %s resumes at step %s from %s%s"
 RESUMED_LOG = "generation %s: training resumed after a %.2f s pause"
 FINISHED_LOG = "finished at step %s; model sha256 %s"
 BATCH_LOG = "from step %s the global batch size is %s (was %s): %s samples per virtual node"
+RATE_LOG = "from step %s the compression rate is %s (was %s)"
 
 
 class LeaveNow(Exception):
@@ -195,6 +196,13 @@ class Worker:
         # Rank 0 reads the global batch the operator's policy chose (only with maxGlobalBatchSize).
         changing = config.max_global_batch_size is not None and config.global_batch_size_file
         self.requests = global_batch.RequestFile(config) if changing and world.rank == 0 else None
+        # Rank 0 chooses the compression rate that fits the memory budget (only with bandLimit).
+        budgeted = config.band_limit and config.memory_budget_file and world.rank == 0
+        self.rate_requests = (
+            memory_budget.RateRequests(config, self.engine.rates, self.engine.measured_footprint)
+            if budgeted
+            else None
+        )
         self._last_store_report = 0.0
 
     # --- state agreement -------------------------------------------------------------------------
@@ -317,8 +325,7 @@ class Worker:
             self.last_step_wall_time = now
             self._evaluate()
             self._record_step(now - started, result, mine, compute_seconds)
-            if result.batch_request and result.batch_request != self.engine.global_batch_size:
-                self._switch_batch(result.batch_request)
+            self._follow(result.requests)
             if self.engine.nonfinite_streak >= config.max_nonfinite_steps:
                 return self.stop_diverged()
             interval = config.checkpoint_interval_steps
@@ -342,8 +349,11 @@ class Worker:
 
     def _reduce(self, mine: list[int]) -> tuple[torch.Tensor, float]:
         """This worker's part of the step, all-reduced; rank 0's message asks for the global batch
-        the policy chose."""
-        request = self.requests.poll() if self.requests is not None else 0
+        the policy chose and the compression rate that fits the memory budget."""
+        requests = Requests(
+            self.requests.poll() if self.requests is not None else 0,
+            self.rate_requests.poll() if self.rate_requests is not None else 0,
+        )
         with torch.random.fork_rng(devices=[]):
             return self.engine.reduce_step(
                 self.step,
@@ -352,11 +362,21 @@ class Worker:
                 world_size=self.world.size,
                 leave=lambda: self.leave.requested,
                 comm=self.comm,
-                batch_request=request,
+                requests=requests,
             )
 
+    def _follow(self, requests: Requests) -> None:
+        """Every worker read the same requests in the same step's message: all switch before the next."""
+        if requests.batch and requests.batch != self.engine.global_batch_size:
+            self._switch_batch(requests.batch)
+        rate = memory_budget.decode_rate(requests.rate, self.engine.rates)
+        if rate is not None and rate != self.engine.compression_rate:
+            previous = self.engine.compression_rate
+            self.engine.switch_rate(rate)
+            log.info(RATE_LOG, self.step, rate, previous)
+            self.journal.write("rate", step=self.step, rate=rate, previous=previous, rank=self.world.rank)
+
     def _switch_batch(self, batch: int) -> None:
-        """Every worker read the same request in the same step's message: all switch before the next."""
         previous = self.engine.global_batch_size
         self.engine.switch_batch(self.step, batch)
         log.info(BATCH_LOG, self.step, batch, previous, self.engine.samples_per_virtual_node)
@@ -373,6 +393,7 @@ class Worker:
         metrics.COMPUTE_SECONDS.set(compute_seconds)
         metrics.VIRTUAL_NODES.set(len(mine))
         metrics.GLOBAL_BATCH_SIZE.set(samples)
+        metrics.COMPRESSION_RATE.set(self.engine.compression_rate)
         metrics.WORKER_SAMPLES.set(len(mine) * self.engine.samples_per_virtual_node)
         metrics.LOSS.set(loss)
         self._count_update(result)
@@ -403,6 +424,7 @@ class Worker:
                 compute_seconds=compute_seconds,
                 noise_scale=self.engine.noise.noise_scale if self.engine.tracks_noise else None,
                 rescale_pause_seconds=self.last_pause,
+                compression_rate=self.engine.compression_rate if self.engine.rates else None,
             )
             report = self.progress.report(
                 self.step,

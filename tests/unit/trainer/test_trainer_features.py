@@ -539,7 +539,9 @@ def test_the_status_model_accepts_the_progress_report_with_its_evaluation() -> N
     spec = _spec(eval_fn=lambda model: {"accuracy": 0.5, "nll": math.nan})
     evaluation = Evaluation(spec, lambda: torch.autocast("cpu", enabled=False))
     evaluation.run(20)
-    shape = metrics.StepShape(2, 8, 2, 0.5, 0.3, noise_scale=120.0, rescale_pause_seconds=3.5)
+    shape = metrics.StepShape(
+        2, 8, 2, 0.5, 0.3, noise_scale=120.0, rescale_pause_seconds=3.5, compression_rate=0.25
+    )
     report = metrics.ProgressReporter.report(20, 640, 0.3, 99.0, evaluation.report(), shape)
     parsed = parse_progress(json.dumps(report))
     assert parsed == report and tuple(report) == contract.PROGRESS_FIELDS

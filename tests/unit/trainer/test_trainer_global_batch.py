@@ -13,17 +13,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 from ebbflow_api import contract
-from ebbflow_trainer import global_batch, state
+from ebbflow_trainer import global_batch, projected, state
 from ebbflow_trainer.__main__ import main
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.config import ROW_TABLE_LIMIT, ConfigError, TrainerConfig, from_environment
 from ebbflow_trainer.data import VirtualNodeLoader
-from ebbflow_trainer.engine import StepResult, VirtualNodeEngine, WorldOfOne
+from ebbflow_trainer.engine import Requests, StepResult, VirtualNodeEngine
 from ebbflow_trainer.global_batch import Request, RequestFile, requested_batch
 from ebbflow_trainer.lr_scaling import adascale_gain
 from ebbflow_trainer.sharding import DataPosition, derived_seed, virtual_node_indices
 from torch.utils.data import TensorDataset
 
+from tests.simulated_world import step_world
 from tests.trainer_config import VALID_ENVIRONMENT, trainer_config
 
 V, B, MAX = 4, 16, 32
@@ -178,17 +179,17 @@ def test_rank_zero_reads_the_file_at_most_once_a_second_and_logs_an_ignored_valu
     assert reader.poll() == 0, "a missing file asks for nothing"
     path.write_text("24")
     assert reader.poll() == 0, "read again only after the interval"
-    clock.now += global_batch.READ_INTERVAL_SECONDS
+    clock.now += projected.READ_INTERVAL_SECONDS
     assert reader.poll() == 24
     path.write_text("18")
     with caplog.at_level(logging.WARNING, logger="ebbflow_trainer.global_batch"):
         for _ in range(5):
-            clock.now += global_batch.READ_INTERVAL_SECONDS
+            clock.now += projected.READ_INTERVAL_SECONDS
             assert reader.poll() == 0, "an ignored value asks for nothing"
     ignored = [r for r in caplog.records if "ignoring the global batch size" in r.getMessage()]
     assert len(ignored) == 1 and "'18'" in ignored[0].getMessage() and str(path) in ignored[0].getMessage()
     path.write_text("")
-    clock.now += global_batch.READ_INTERVAL_SECONDS
+    clock.now += projected.READ_INTERVAL_SECONDS
     assert reader.poll() == 0
 
 
@@ -201,11 +202,11 @@ def test_an_unreadable_or_garbled_file_asks_for_nothing_and_is_logged_once(
     reader = RequestFile(dataclasses.replace(CONFIG, global_batch_size_file=str(path)), clock)
     with caplog.at_level(logging.WARNING, logger="ebbflow_trainer.global_batch"):
         for _ in range(3):
-            clock.now += global_batch.READ_INTERVAL_SECONDS
+            clock.now += projected.READ_INTERVAL_SECONDS
             assert reader.poll() == 0
         path.rmdir()
         path.write_bytes(b"\xff\xfe" * 100)
-        clock.now += global_batch.READ_INTERVAL_SECONDS
+        clock.now += projected.READ_INTERVAL_SECONDS
         assert reader.poll() == 0
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2, messages
@@ -341,39 +342,7 @@ def _engine(mode: str = "deterministic", largest: int | None = MAX, **changes: A
 
 def _step(workers: list[VirtualNodeEngine], step: int, requests: list[int]) -> list[StepResult]:
     """One step of two simulated workers (virtual nodes split evenly), worker r asking for requests[r]."""
-    size, assignment = len(workers), [[0, 1], [2, 3]][: len(workers)]
-    if workers[0].method == "sum":
-        messages = [
-            engine.reduce_step(
-                step,
-                assignment[r],
-                rank=r,
-                world_size=size,
-                leave=lambda: False,
-                comm=WorldOfOne(),
-                batch_request=requests[r],
-            )[0].clone()
-            for r, engine in enumerate(workers)
-        ]
-    else:
-        computed = [engine.compute_rows(step, assignment[r]) for r, engine in enumerate(workers)]
-        agreements = [engine.agreement(rows) for engine, (rows, _) in zip(workers, computed, strict=True)]
-        present = [a for a in agreements if a is not None]
-        agreement = torch.stack(present).amax(0) if present else None
-        messages = [
-            engine.pack(
-                rows,
-                rank=r,
-                world_size=size,
-                compute_seconds=s,
-                leave=False,
-                agreement=agreement,
-                batch_request=requests[r],
-            )
-            for r, (engine, (rows, s)) in enumerate(zip(workers, computed, strict=True))
-        ]
-    reduced = torch.stack(messages).sum(0)
-    return [engine.apply(reduced.clone(), size) for engine in workers]
+    return step_world(workers, step, requests=[Requests(batch=b) for b in requests])
 
 
 @pytest.mark.parametrize("mode", ["deterministic", "exact", "fast"])
@@ -383,8 +352,8 @@ def test_rank_zeros_request_reaches_every_worker_in_the_steps_message(mode: str)
         "one digit for B <= 255"
     )
     results = _step(workers, 0, [24, 0])
-    assert [r.batch_request for r in results] == [24, 24]
-    assert [r.batch_request for r in _step(workers, 1, [0, 0])] == [0, 0]
+    assert [r.requests.batch for r in results] == [24, 24]
+    assert [r.requests.batch for r in _step(workers, 1, [0, 0])] == [0, 0]
 
 
 def test_without_a_largest_batch_the_message_is_unchanged() -> None:

@@ -10,7 +10,7 @@ import torch
 from ebbflow_api import contract
 from ebbflow_trainer import state
 from ebbflow_trainer.config import ConfigError, TrainerConfig, from_environment
-from ebbflow_trainer.engine import to_device
+from ebbflow_trainer.data import to_device
 from ebbflow_trainer.launcher import Markers
 from ebbflow_trainer.worker import resolve_backend, training_device
 
