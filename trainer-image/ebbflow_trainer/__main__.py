@@ -157,6 +157,7 @@ def _check_checkpoint_path(config: TrainerConfig) -> None:
 
 def _check_spec(config: TrainerConfig) -> None:
     """Load the training script once before joining, so a broken script fails the job instead of looping."""
+    import torch
     from ebbflow_trainer.api import SpecError, load_spec
     from ebbflow_trainer.config import ConfigError
     from ebbflow_trainer.lr_scaling import momentum_correction_problem
@@ -175,6 +176,11 @@ def _check_spec(config: TrainerConfig) -> None:
         raise ConfigError(
             f"{contract.ENV_MOMENTUM_CORRECTION}=true (spec.momentumCorrection), but {problem}: use "
             "torch.optim.SGD with momentum in the training script or leave momentumCorrection unset."
+        )
+    if config.band_limit and not any(isinstance(m, torch.nn.Conv2d) for m in spec.model.modules()):
+        raise ConfigError(
+            f"{contract.ENV_BAND_LIMIT}=true (spec.bandLimit), but the training script's model has no "
+            "torch.nn.Conv2d layer to band-limit: leave bandLimit unset for this model."
         )
     largest = config.max_global_batch_size
     if largest is not None and len(spec.dataset) < largest:

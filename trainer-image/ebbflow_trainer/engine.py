@@ -171,8 +171,9 @@ class VirtualNodeEngine:
         self.rates = memory_budget.allowed_rates(config.max_compression_rate) if config.band_limit else ()
         self.compression_rate = 0.0
         self.footprint: memory_budget.Footprint | None = None
-        if config.band_limit:
-            band_limit(spec.model, self.compression_rate)
+        if config.band_limit:  # the trainer owns the rate: it starts at 0 whatever the script set
+            band_limit(spec.model)
+            self.switch_rate(0.0)
         self.noise = GradientNoiseScale()
         self.nonfinite_streak = 0
         self._advanced_buffers: list[torch.Tensor] = []

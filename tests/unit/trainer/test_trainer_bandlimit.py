@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.bandlimit import BandLimitedConv2d, band_limit, kept_frequencies, set_compression_rate
-from ebbflow_trainer.engine import VirtualNodeEngine
+from ebbflow_trainer.engine import Requests, VirtualNodeEngine
+from ebbflow_trainer.memory_budget import decode_rate, encode_rate
 from torch import nn
 
 from tests.simulated_world import step_world
@@ -219,23 +220,32 @@ def _workers(world_size: int) -> list[VirtualNodeEngine]:
     for _ in range(world_size):
         torch.manual_seed(0)
         spec = load_spec(str(EXAMPLE))
-        config = trainer_config(max_replicas=V, virtual_nodes=V, global_batch_size=32, mode="deterministic")
+        config = trainer_config(
+            max_replicas=V, virtual_nodes=V, global_batch_size=32, mode="deterministic", band_limit=True
+        )
         workers.append(VirtualNodeEngine(spec, config))
     return workers
 
 
 def test_deterministic_mode_is_bitwise_the_same_for_any_world_size_through_a_rate_switch() -> None:
-    """The example at its rate (0.5), then every worker at 0.75 from step 3 on, as the trainer
-    switches at a step boundary: every step is applied (none lost or skipped), and the parameters
-    are bitwise those of one worker holding every virtual node."""
+    """spec.bandLimit: the engines start at rate 0; rank 0 asks for 0.75 in step 2's message and every
+    worker switches after it, as the trainer does: every step is applied (none lost or skipped), and
+    the parameters are bitwise those of one worker holding every virtual node."""
     finals = []
     for world_size in (1, 2, 4):
         workers = _workers(world_size)
+        assert {w.compression_rate for w in workers} == {0.0}
         for step in range(5):
-            if step == 3:
-                assert {set_compression_rate(w.spec.model, 0.75) for w in workers} == {3}
-            results = step_world(workers, step)
+            code = encode_rate(0.75, workers[0].rates) if step == 2 else 0
+            requests = [Requests(rate=code if rank == 0 else 0) for rank in range(world_size)]
+            results = step_world(workers, step, requests=requests)
             assert not any(r.skipped for r in results)
+            for worker, result in zip(workers, results, strict=True):
+                rate = decode_rate(result.requests.rate, worker.rates)
+                if rate is not None:
+                    worker.switch_rate(rate)
+            layers = [m for w in workers for m in w.spec.model.modules() if isinstance(m, BandLimitedConv2d)]
+            assert {layer.compression_rate for layer in layers} == {0.75 if step >= 2 else 0.0}
         finals.append([t.detach().clone() for t in workers[0].spec.model.state_dict().values()])
         for worker in workers:
             worker.close()
