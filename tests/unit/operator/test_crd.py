@@ -23,8 +23,17 @@ def test_names_and_subresources_come_from_the_contract() -> None:
     [version] = spec["versions"]
     assert version["name"] == contract.API_VERSION
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas.max"
-    columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Min", "Max", "Desired", "Ready", "Phase", "Age"]
+    columns = [(c["name"], c.get("priority", 0)) for c in version["additionalPrinterColumns"]]
+    wide_only = [("Rate", 1)]  # `kubectl get etj -o wide`: the band-limited convolutions' compression rate
+    assert columns == [
+        ("Min", 0),
+        ("Max", 0),
+        ("Desired", 0),
+        ("Ready", 0),
+        ("Phase", 0),
+        *wide_only,
+        ("Age", 0),
+    ]
     properties = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     assert properties["batching"]["enum"] == [b.value for b in Batching]
     assert properties["lrScaling"]["enum"] == [s.value for s in LrScaling]
