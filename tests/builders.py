@@ -81,8 +81,11 @@ def make_rendezvous(job: Job, node: str = "od-0") -> Pod:
     )
 
 
-def make_node(name: str, gpus: int = 4, spot: bool = False, **fields: Any) -> Node:
-    return Node(name, gpus, labels=dict(SPOT if spot else ON_DEMAND), **fields)
+def make_node(
+    name: str, gpus: int = 4, spot: bool = False, labels: Mapping[str, str] | None = None, **fields: Any
+) -> Node:
+    """A Ready node advertising `gpus`, labelled spot or on-demand, plus any other `labels`."""
+    return Node(name, gpus, labels={**(SPOT if spot else ON_DEMAND), **(labels or {})}, **fields)
 
 
 def make_demand(

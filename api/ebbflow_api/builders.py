@@ -81,6 +81,17 @@ class JobBuilder:
     def priority(self, value: int) -> Self:
         return self.set(priority=value)
 
+    def band_limit(
+        self, memory_budget_mib: int | None = None, max_compression_rate: float | None = None
+    ) -> Self:
+        """spec.bandLimit: band-limited convolutions; without a budget it comes from the nodes' labels."""
+        band: dict[str, Any] = {}
+        if memory_budget_mib is not None:
+            band["memoryBudgetMiB"] = memory_budget_mib
+        if max_compression_rate is not None:
+            band["maxCompressionRate"] = max_compression_rate
+        return self.set(bandLimit=band)
+
     def gpus(self, count: int | str) -> Self:
         """GPUs per worker (the trainer container's nvidia.com/gpu limit)."""
         self._container.setdefault("resources", {}).setdefault("limits", {})[GPU_RESOURCE] = count

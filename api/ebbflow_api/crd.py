@@ -21,15 +21,21 @@ CRD_FILE = "crds/ebbflow.dev_elastictrainingjobs.yaml"
 
 
 def _printer_columns() -> list[Schema]:
+    """`kubectl get etj` columns; those of priority 1 only under `-o wide` (the compression rate
+    matters only to jobs with spec.bandLimit)."""
     columns = [
-        ("Min", "integer", ".spec.replicas.min"),
-        ("Max", "integer", ".spec.replicas.max"),
-        ("Desired", "integer", ".status.desiredReplicas"),
-        ("Ready", "integer", ".status.readyReplicas"),
-        ("Phase", "string", ".status.phase"),
-        ("Age", "date", ".metadata.creationTimestamp"),
+        ("Min", "integer", ".spec.replicas.min", 0),
+        ("Max", "integer", ".spec.replicas.max", 0),
+        ("Desired", "integer", ".status.desiredReplicas", 0),
+        ("Ready", "integer", ".status.readyReplicas", 0),
+        ("Phase", "string", ".status.phase", 0),
+        ("Rate", "number", ".status.progress.compressionRate", 1),
+        ("Age", "date", ".metadata.creationTimestamp", 0),
     ]
-    return [{"name": name, "type": kind, "jsonPath": path} for name, kind, path in columns]
+    return [
+        {"name": name, "type": kind, "jsonPath": path, **({"priority": priority} if priority else {})}
+        for name, kind, path, priority in columns
+    ]
 
 
 def open_api_schema() -> Schema:

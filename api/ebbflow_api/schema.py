@@ -2,7 +2,9 @@
 
 pydantic's own JSON Schema uses `$ref`, `anyOf` and titles, which a CRD may not contain, so this
 walks the models' fields directly: Python types become OpenAPI types, `Field` bounds become
-minimum/maximum/length limits, `cel_rules` and field-level `x-kubernetes-*` extras are copied.
+minimum/maximum (exclusive for `gt`/`lt`) and length limits, `cel_rules` and field-level
+`x-kubernetes-*` extras are copied. A bound pydantic enforces and the CRD does not would let the API
+server store a job the operator cannot parse.
 Spec models carry their defaults (the API server applies them); status models do not.
 """
 
@@ -103,8 +105,12 @@ def _constrained(schema: Schema, metadata: list[Any]) -> Schema:
     for item in metadata:
         if isinstance(item, annotated_types.Ge):
             schema["minimum"] = item.ge
+        elif isinstance(item, annotated_types.Gt):
+            schema |= {"minimum": item.gt, "exclusiveMinimum": True}
         elif isinstance(item, annotated_types.Le):
             schema["maximum"] = item.le
+        elif isinstance(item, annotated_types.Lt):
+            schema |= {"maximum": item.lt, "exclusiveMaximum": True}
         elif isinstance(item, annotated_types.MinLen):
             schema[f"min{size}"] = item.min_length
         elif isinstance(item, annotated_types.MaxLen):

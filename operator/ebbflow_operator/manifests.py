@@ -24,6 +24,10 @@ RENDEZVOUS_USER = 65532  # the trainer image's unprivileged user
 BATCH_VOLUME = "ebbflow-global-batch"
 BATCH_MOUNT = "/etc/ebbflow/global-batch"
 BATCH_FILE = "global-batch-size"
+# spec.bandLimit: the same for the worker's memory-budget annotation (contract.ENV_MEMORY_BUDGET_FILE).
+BUDGET_VOLUME = "ebbflow-memory-budget"
+BUDGET_MOUNT = "/etc/ebbflow/memory-budget"
+BUDGET_FILE = "memory-budget-mib"
 
 
 def worker_name(job: str, index: int) -> str:
@@ -102,6 +106,10 @@ def _env(job: Job, world_generation: int, container: Json) -> list[Json]:
     if spec.max_global_batch_size is not None:
         values[contract.ENV_MAX_GLOBAL_BATCH_SIZE] = spec.max_global_batch_size
         values[contract.ENV_GLOBAL_BATCH_SIZE_FILE] = f"{BATCH_MOUNT}/{BATCH_FILE}"
+    if spec.band_limit is not None:
+        values[contract.ENV_BAND_LIMIT] = "true"
+        values[contract.ENV_MAX_COMPRESSION_RATE] = spec.band_limit.max_compression_rate
+        values[contract.ENV_MEMORY_BUDGET_FILE] = f"{BUDGET_MOUNT}/{BUDGET_FILE}"
     env: list[Json] = [{"name": name, "value": str(value)} for name, value in values.items()]
     env.append({"name": contract.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     return env
@@ -118,16 +126,17 @@ def global_batch_in_use(job: Job) -> int:
     return job.status.global_batch_size or job.spec.global_batch_size
 
 
-def _project_global_batch(spec: Json) -> None:
-    """Mounts the worker's global-batch-size annotation as a file in every container (the kubelet
-    rewrites it when the operator changes the annotation; env vars could not change)."""
-    field = f"metadata.annotations['{contract.ANNOTATION_GLOBAL_BATCH_SIZE}']"
-    item = {"path": BATCH_FILE, "fieldRef": {"fieldPath": field}}
-    volume = {"name": BATCH_VOLUME, "downwardAPI": {"items": [item]}}
-    spec["volumes"] = [*(v for v in spec.get("volumes") or [] if v.get("name") != BATCH_VOLUME), volume]
-    mount = {"name": BATCH_VOLUME, "mountPath": BATCH_MOUNT, "readOnly": True}
+def _project_annotation(spec: Json, annotation: str, volume_name: str, mount_path: str, file: str) -> None:
+    """Mounts one of the worker's annotations as a file in every container, read-only, in a volume of
+    its own (the kubelet rewrites the file when the operator changes the annotation; env vars could
+    not change; an absent annotation is an empty file)."""
+    field = f"metadata.annotations['{annotation}']"
+    item = {"path": file, "fieldRef": {"fieldPath": field}}
+    volume = {"name": volume_name, "downwardAPI": {"items": [item]}}
+    spec["volumes"] = [*(v for v in spec.get("volumes") or [] if v.get("name") != volume_name), volume]
+    mount = {"name": volume_name, "mountPath": mount_path, "readOnly": True}
     for container in spec["containers"]:
-        mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != BATCH_VOLUME]
+        mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != volume_name]
         container["volumeMounts"] = [*mounts, mount]
 
 
@@ -153,6 +162,7 @@ def worker_pod(
     service_accounts: Mapping[str, str] | None = None,
     global_batch: int | None = None,
     node: str | None = None,
+    memory_budget: int | None = None,
 ) -> Json:
     """A worker: the job's template plus the contract's labels, annotations and environment; with
     `node`, required to run there (`pin_to_node`: it replaces workers moved onto that node).
@@ -161,7 +171,8 @@ def worker_pod(
     workers whose template sets none: the trainer patches its own pod's progress annotation with
     that account's token, so it needs a Role allowing it (the Helm chart creates one). With
     spec.maxGlobalBatchSize the pod carries `global_batch` (default: `global_batch_in_use`) in its
-    annotation, projected into the file the trainer reads.
+    annotation, projected into the file the trainer reads. With spec.bandLimit it carries
+    `memory_budget` (MiB; none while the job's budget is unknown) the same way.
     """
     template = job.spec.template.to_json()
     metadata: Json = template.get("metadata") or {}
@@ -186,9 +197,15 @@ def worker_pod(
         contract.ANNOTATION_WORLD_GENERATION: str(world_generation),
     }
     if job.spec.max_global_batch_size is not None:
-        _project_global_batch(spec)
+        _project_annotation(
+            spec, contract.ANNOTATION_GLOBAL_BATCH_SIZE, BATCH_VOLUME, BATCH_MOUNT, BATCH_FILE
+        )
         chosen = global_batch if global_batch is not None else global_batch_in_use(job)
         annotations[contract.ANNOTATION_GLOBAL_BATCH_SIZE] = str(chosen)
+    if job.spec.band_limit is not None:
+        _project_annotation(spec, contract.ANNOTATION_MEMORY_BUDGET, BUDGET_VOLUME, BUDGET_MOUNT, BUDGET_FILE)
+        if memory_budget is not None:
+            annotations[contract.ANNOTATION_MEMORY_BUDGET] = str(memory_budget)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

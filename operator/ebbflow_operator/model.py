@@ -36,10 +36,12 @@ SPOT_LABELS: Mapping[str, str] = {
     "cloud.google.com/gke-preemptible": "true",
     "kubernetes.azure.com/scalesetpriority": "spot",
 }
-# NVIDIA GPU feature discovery's node labels: the physical GPU count, time-slicing replicas per GPU.
+# NVIDIA GPU feature discovery's node labels: the physical GPU count, time-slicing replicas per GPU,
+# and the memory of one physical GPU in MiB.
 LABEL_GPU_COUNT = "nvidia.com/gpu.count"
 LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"  # "-SHARED" appended when time-sliced
 LABEL_GPU_REPLICAS = "nvidia.com/gpu.replicas"
+LABEL_GPU_MEMORY = "nvidia.com/gpu.memory"
 # Taints the node lifecycle controller sets on nodes that are not healthy.
 CONDITION_TAINT_PREFIX = "node.kubernetes.io/"
 
@@ -113,6 +115,7 @@ class Pod:
     progress: str | None = None  # ANNOTATION_PROGRESS
     world_generation: int = 0
     global_batch: str | None = None  # ANNOTATION_GLOBAL_BATCH_SIZE as written (None: absent)
+    memory_budget: str | None = None  # ANNOTATION_MEMORY_BUDGET as written (None: absent)
 
     @property
     def finished(self) -> bool:
@@ -249,6 +252,7 @@ def parse_pod(raw: Mapping[str, Any]) -> Pod:
         progress=annotations.get(contract.ANNOTATION_PROGRESS),
         world_generation=int(annotations.get(contract.ANNOTATION_WORLD_GENERATION, 0) or 0),
         global_batch=annotations.get(contract.ANNOTATION_GLOBAL_BATCH_SIZE),
+        memory_budget=annotations.get(contract.ANNOTATION_MEMORY_BUDGET),
     )
 
 

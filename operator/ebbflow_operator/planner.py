@@ -20,6 +20,8 @@ frozen values the steps before it returned:
                              NetworkPolicy
     global_batch             (spec.maxGlobalBatchSize only) the policy's B -> the workers'
                              annotations to change and status.globalBatchSize
+    memory_budget            (spec.bandLimit only) the job's GPU memory budget (gpu_memory.py) ->
+                             the workers' annotations to change
     job_status               `readiness` (phase, Ready), `schedulable`, `rescale_reason`, `history`
 
 The job's lifecycle, status.phase (`ebbflow_api.models.Phase`), decided anew every pass:
@@ -54,6 +56,7 @@ from ebbflow_api.models import CleanPodPolicy, Phase
 
 from . import manifests
 from .capacity import evicts
+from .gpu_memory import job_budget_mib
 from .model import Job, Json, Node, Pod, format_time, parse_progress, parse_time
 from .status import (
     FAILED,
@@ -111,12 +114,23 @@ class BatchUpdate:
 
 
 @dataclass(frozen=True)
+class BudgetUpdate:
+    """A worker whose memory-budget annotation must become `value` (MiB)."""
+
+    name: str
+    uid: str
+    value: int
+
+
+@dataclass(frozen=True)
 class Plan:
     job: Job
     create_workers: tuple[tuple[int, int], ...] = ()  # (index, world generation)
     pin_node: str | None = None  # the node every new worker must run on (a move onto one node)
     global_batch: int | None = None  # B for new workers (spec.maxGlobalBatchSize only)
     update_global_batch: tuple[BatchUpdate, ...] = ()
+    memory_budget: int | None = None  # MiB for new workers (spec.bandLimit only; None: not known)
+    update_memory_budget: tuple[BudgetUpdate, ...] = ()
     delete: tuple[Deletion, ...] = ()
     create_rendezvous_pod: bool = False
     create_services: tuple[str, ...] = ()  # names of missing Services
@@ -233,6 +247,15 @@ class Batch:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """The GPU memory each worker may use, and the workers still to be told."""
+
+    value: int | None = None  # MiB; None: not spec.bandLimit, or nothing says how much there is
+    update: tuple[BudgetUpdate, ...] = ()
+    report: Report = field(default_factory=Report)
+
+
+@dataclass(frozen=True)
 class StatusUpdate:
     """The status to write, the rescale it records (if any) and what the pass tells people."""
 
@@ -255,6 +278,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
     support = rendezvous_and_services(job, observed, ended)
     delete = (*seen.taken, *ending.delete, *timeout.delete, *sizing.delete, *support.delete)
     batch = global_batch(job, observed.global_batch, sizing.active, ended)
+    budget = memory_budget(job, sizing.active, observed.nodes, ended)
     settled = not delete and not sizing.create
     update = job_status(job, observed, seen, ending, timeout, sizing, settled, now, config)
     if batch.value is not None:
@@ -265,12 +289,14 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         pin_node=sizing.pin_node,
         global_batch=batch.value,
         update_global_batch=batch.update,
+        memory_budget=budget.value,
+        update_memory_budget=budget.update,
         delete=delete,
         create_rendezvous_pod=support.create_rendezvous_pod,
         create_services=support.create_services,
         create_network_policy=support.create_network_policy,
         status_patch=merge_patch(job.status.to_json(), update.status),
-        events=update.report.events + batch.report.events,
+        events=update.report.events + batch.report.events + budget.report.events,
         rescale_reason=update.rescale_reason,
         preemptions=len(seen.lost),
         status=update.status,
@@ -584,6 +610,23 @@ def global_batch(job: Job, chosen: int | None, active: Sequence[Pod], ended: boo
         else ()
     )
     return Batch(value, stale, Report(changed))
+
+
+def memory_budget(job: Job, active: Sequence[Pod], nodes: Mapping[str, Node], ended: bool) -> Budget:
+    """With spec.bandLimit: the job's budget (`gpu_memory.job_budget_mib`, from the workers that
+    stay) and the active workers whose annotation differs. A MemoryBudgetChanged event when it
+    moves from what the workers carry; not again while a move is being applied (a worker already
+    carries the new value), nor for the first budget a job gets (it is in the annotation)."""
+    value = job_budget_mib(job, active, nodes)
+    if value is None or ended:
+        return Budget(value)
+    stale = tuple(BudgetUpdate(p.name, p.uid, value) for p in active if p.memory_budget != str(value))
+    carried = Counter(p.memory_budget for p in active if p.memory_budget is not None)
+    if not carried or str(value) in carried:
+        return Budget(value, stale)
+    [(before, _)] = carried.most_common(1)  # what most workers carry
+    message = f"memory budget {before} MiB -> {value} MiB per worker"
+    return Budget(value, stale, Report((Event("Normal", "MemoryBudgetChanged", message),)))
 
 
 def job_status(

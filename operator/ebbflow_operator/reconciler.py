@@ -280,7 +280,13 @@ class Reconciler:
                     io.create_pod,
                     ns,
                     manifests.worker_pod(
-                        job, i, g, self.config.trainer_service_accounts, plan.global_batch, plan.pin_node
+                        job,
+                        i,
+                        g,
+                        self.config.trainer_service_accounts,
+                        global_batch=plan.global_batch,
+                        node=plan.pin_node,
+                        memory_budget=plan.memory_budget,
                     ),
                 ),
                 pods,
@@ -295,6 +301,15 @@ class Reconciler:
                 pods,
             )
             for u in plan.update_global_batch
+        ]
+        steps += [
+            (
+                partial(
+                    io.annotate_pod, ns, u.name, u.uid, {contract.ANNOTATION_MEMORY_BUDGET: str(u.value)}
+                ),
+                pods,
+            )
+            for u in plan.update_memory_budget
         ]
         return steps
 
@@ -332,5 +347,6 @@ def _has_work(plan: Plan) -> bool:
         or plan.create_services
         or plan.create_network_policy
         or plan.update_global_batch
+        or plan.update_memory_budget
         or plan.events
     )

@@ -59,6 +59,7 @@ def test_fake_gpu_nodes_advertise_time_sliced_capacity(kube: Kube, gpu_nodes: Gp
     assert node.status.allocatable[GPU_RESOURCE] == "8"
     labels = node.metadata.labels
     assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.memory"] == "40960"  # MiB of one physical GPU (the A100 40GB's)
     assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
     assert labels["nvidia.com/gpu.product"].endswith("-SHARED")
     assert labels["karpenter.sh/capacity-type"] == "spot"

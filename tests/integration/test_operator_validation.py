@@ -154,6 +154,21 @@ BAD = [
         ["spec.momentumCorrection needs spec.lrScaling linear, sqrt or adascale"],
     ),
     (
+        "band-limit-rate-one",
+        spec_set("bandLimit", {"maxCompressionRate": 1}),
+        ["spec.bandLimit.maxCompressionRate", "should be less than 1"],
+    ),
+    (
+        "band-limit-rate-negative",
+        spec_set("bandLimit", {"maxCompressionRate": -0.25}),
+        ["spec.bandLimit.maxCompressionRate", "greater than or equal to 0"],
+    ),
+    (
+        "band-limit-budget-zero",
+        spec_set("bandLimit", {"memoryBudgetMiB": 0}),
+        ["spec.bandLimit.memoryBudgetMiB", "greater than or equal to 1"],
+    ),
+    (
         "batch-negative",
         spec_set("globalBatchSize", -64),
         ["spec.globalBatchSize", "greater than or equal to 1"],

@@ -313,6 +313,7 @@ def test_import_resolution() -> None:
 DECISION_MODULES = [
     "allocator",
     "capacity",
+    "gpu_memory",
     "planner",
     "status",
     "manifests",

@@ -2,7 +2,7 @@
 
 Nodes carry what the NVIDIA device plugin and GPU feature discovery put on a real GPU node with
 time-slicing: `nvidia.com/gpu` capacity of physical GPUs x replicas, and the product, count,
-replicas and sharing-strategy labels. Spot nodes carry the spot label (and optionally a taint).
+replicas, memory and sharing-strategy labels. Spot nodes carry the spot label (and optionally a taint).
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ from ebbflow_api.waiting import wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from ebbflow_operator.model import GPU_RESOURCE, LABEL_GPU_COUNT, LABEL_GPU_PRODUCT, LABEL_GPU_REPLICAS
+from ebbflow_operator.model import (
+    GPU_RESOURCE,
+    LABEL_GPU_COUNT,
+    LABEL_GPU_MEMORY,
+    LABEL_GPU_PRODUCT,
+    LABEL_GPU_REPLICAS,
+)
 
 LABEL_GPU_SHARING = "nvidia.com/gpu.sharing-strategy"
 LABEL_SPOT = "karpenter.sh/capacity-type"  # the de-facto capacity-type label (Karpenter)
@@ -40,6 +46,7 @@ class GpuNodeTemplate:
     gpus: int = 2
     time_slicing_replicas: int = 2
     product: str = "NVIDIA-A100-SXM4-40GB"
+    memory_mib: int | None = 40960  # one physical GPU's, as GPU feature discovery labels it (None: no label)
     spot: bool = False
     spot_taint: bool = False
     cpu: str = "32"
@@ -60,6 +67,7 @@ class GpuNodeTemplate:
             LABEL_GPU_COUNT: str(self.gpus),
             LABEL_GPU_REPLICAS: str(self.time_slicing_replicas),
             LABEL_SPOT: SPOT if self.spot else ON_DEMAND,
+            **({} if self.memory_mib is None else {LABEL_GPU_MEMORY: str(self.memory_mib)}),
             **self.labels,
         }
         if self.time_slicing_replicas > 1:

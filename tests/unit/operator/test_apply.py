@@ -7,13 +7,14 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from ebbflow_api import contract
 from ebbflow_api.builders import JobBuilder
 from ebbflow_operator import manifests
 from ebbflow_operator.decide import OperatorConfig
 from ebbflow_operator.errors import KubeError
 from ebbflow_operator.metrics import Metrics
 from ebbflow_operator.model import Json, format_time
-from ebbflow_operator.planner import BatchUpdate, Deletion, Event, Plan
+from ebbflow_operator.planner import BatchUpdate, BudgetUpdate, Deletion, Event, Plan
 from ebbflow_operator.reconciler import Reconciler
 
 from tests.builders import NOW, make_job
@@ -30,6 +31,7 @@ class FakeCluster:
         self.calls: list[Call] = []
         self.jobs: list[Json] = []
         self.created_pods: list[Json] = []
+        self.annotations: list[tuple[str, str, Json]] = []  # (pod, uid precondition, annotations)
 
     def _call(self, operation: str, name: str) -> None:
         self.calls.append((operation, name))
@@ -71,6 +73,7 @@ class FakeCluster:
 
     def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Json) -> Json | None:
         self._call("annotate_pod", name)
+        self.annotations.append((name, uid, annotations))
         return None
 
     def patch_job_status(self, namespace: str, name: str, patch: Json) -> Json | None:
@@ -161,6 +164,13 @@ def reconciler(cluster: FakeCluster, metrics: Metrics | None = None) -> Reconcil
             id="global-batch-annotated-after-creations",
         ),
         pytest.param(
+            replace(FULL, update_memory_budget=(BudgetUpdate("train-worker-0", "uid-train-0", 20480),)),
+            {"annotate_pod train-worker-0": KubeError(500)},
+            [STATUS, DELETE, *CREATES, ("annotate_pod", "train-worker-0"), ERROR, RESCALED],
+            1,
+            id="memory-budget-annotated-after-creations",
+        ),
+        pytest.param(
             Plan(job=JOB, events=(Event("Warning", "Preempted", "lost 1"),)),
             {},
             [("record_event", "Preempted")],
@@ -233,3 +243,24 @@ def test_workers_get_the_trainer_service_account_the_operator_was_given() -> Non
     Reconciler(cluster, config, Metrics())._apply(FULL)
     accounts = {p["metadata"]["name"]: p["spec"].get("serviceAccountName") for p in cluster.created_pods}
     assert accounts == {RDZV: None, "train-worker-4": "ebbflow-trainer"}
+
+
+def test_band_limited_workers_are_created_with_the_budget_and_told_its_changes() -> None:
+    """New workers carry the plan's budget; each stale worker gets its own merge patch with the uid
+    precondition, as the global batch does."""
+    band_limited = make_job(JobBuilder("train").replicas(1, 4).band_limit())
+    plan = replace(
+        FULL,
+        job=band_limited,
+        memory_budget=20480,
+        update_memory_budget=(BudgetUpdate("train-worker-0", "uid-train-0", 20480),),
+        update_global_batch=(BatchUpdate("train-worker-1", "uid-train-1", 128),),
+    )
+    cluster = FakeCluster()
+    assert reconciler(cluster)._apply(plan) == 0
+    [worker] = [p for p in cluster.created_pods if p["metadata"]["name"] == "train-worker-4"]
+    assert worker["metadata"]["annotations"][contract.ANNOTATION_MEMORY_BUDGET] == "20480"
+    assert cluster.annotations == [
+        ("train-worker-1", "uid-train-1", {contract.ANNOTATION_GLOBAL_BATCH_SIZE: "128"}),
+        ("train-worker-0", "uid-train-0", {contract.ANNOTATION_MEMORY_BUDGET: "20480"}),
+    ]

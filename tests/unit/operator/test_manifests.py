@@ -50,8 +50,8 @@ def env_names(container: Json) -> list[str]:
     return [e["name"] for e in container.get("env", [])]
 
 
-def full_job() -> Job:
-    """A job whose template uses most of what a pod template can carry."""
+def full_job(**spec: Any) -> Job:
+    """A job whose template uses most of what a pod template can carry (plus any other `spec` fields)."""
     builder = (
         JobBuilder("train", "ml")
         .replicas(2, 4)
@@ -71,7 +71,7 @@ def full_job() -> Job:
             restartPolicy="OnFailure",
             terminationGracePeriodSeconds=1,
         )
-        .set(leaveGraceSeconds=17)
+        .set(leaveGraceSeconds=17, **spec)
     )
     raw = builder.obj()
     raw["spec"]["template"]["metadata"] = {
@@ -153,6 +153,70 @@ def test_fixed_batch_worker_has_no_batch_file() -> None:
     assert all(v["name"] != manifests.BATCH_VOLUME for v in pod["spec"].get("volumes") or [])
     names = {e["name"] for c in pod["spec"]["containers"] for e in c["env"]}
     assert not names & {contract.ENV_MAX_GLOBAL_BATCH_SIZE, contract.ENV_GLOBAL_BATCH_SIZE_FILE}
+
+
+def band_limited(**band: Any) -> Job:
+    return make_job(JobBuilder("b").replicas(1, 4).band_limit(**band))
+
+
+BAND_LIMIT_ENV = {contract.ENV_BAND_LIMIT, contract.ENV_MAX_COMPRESSION_RATE, contract.ENV_MEMORY_BUDGET_FILE}
+
+
+@pytest.mark.parametrize(
+    ("job", "budget", "annotation", "rate"),
+    [
+        pytest.param(band_limited(), 20480, "20480", "0.75", id="budget-known-default-rate"),
+        pytest.param(
+            band_limited(max_compression_rate=0.5), None, None, "0.5", id="budget-unknown-no-annotation"
+        ),
+        pytest.param(
+            band_limited(memory_budget_mib=8000, max_compression_rate=0), 8000, "8000", "0.0", id="rate-zero"
+        ),
+    ],
+)
+def test_band_limited_worker_reads_its_budget_from_a_file(
+    job: Job, budget: int | None, annotation: str | None, rate: str
+) -> None:
+    pod = manifests.worker_pod(job, 0, world_generation=1, memory_budget=budget)
+    assert pod["metadata"]["annotations"].get(contract.ANNOTATION_MEMORY_BUDGET) == annotation
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == manifests.BUDGET_VOLUME]
+    [item] = volume["downwardAPI"]["items"]
+    assert item["fieldRef"]["fieldPath"] == f"metadata.annotations['{contract.ANNOTATION_MEMORY_BUDGET}']"
+    for container in pod["spec"]["containers"]:
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert (env[contract.ENV_BAND_LIMIT], env[contract.ENV_MAX_COMPRESSION_RATE]) == ("true", rate)
+        mount = next(m for m in container["volumeMounts"] if m["name"] == manifests.BUDGET_VOLUME)
+        assert mount["readOnly"] is True
+        assert env[contract.ENV_MEMORY_BUDGET_FILE] == f"{mount['mountPath']}/{item['path']}"
+        assert env[contract.ENV_MEMORY_BUDGET_FILE] == "/etc/ebbflow/memory-budget/memory-budget-mib"
+
+
+def without_band_limit(pod: Json) -> Json:
+    """`pod` less what spec.bandLimit adds: its variables, volume, mounts and annotation."""
+    pod = copy.deepcopy(pod)
+    pod["metadata"]["annotations"].pop(contract.ANNOTATION_MEMORY_BUDGET, None)
+    spec = pod["spec"]
+    spec["volumes"] = [v for v in spec["volumes"] if v["name"] != manifests.BUDGET_VOLUME]
+    for container in spec["containers"]:
+        container["env"] = [e for e in container["env"] if e["name"] not in BAND_LIMIT_ENV]
+        mounts = [m for m in container["volumeMounts"] if m["name"] != manifests.BUDGET_VOLUME]
+        if mounts:
+            container["volumeMounts"] = mounts
+        else:
+            del container["volumeMounts"]
+    return pod
+
+
+def test_band_limit_adds_its_file_and_nothing_else_and_jobs_without_it_are_untouched() -> None:
+    plain = manifests.worker_pod(full_job(), 1, world_generation=4)
+    limited = manifests.worker_pod(full_job(bandLimit={}), 1, world_generation=4, memory_budget=20480)
+    assert without_band_limit(limited) == plain != limited
+    # A budget offered for a job that did not opt in changes nothing.
+    assert manifests.worker_pod(full_job(), 1, world_generation=4, memory_budget=20480) == plain
+    names = {e["name"] for c in plain["spec"]["containers"] for e in c["env"]}
+    assert not names & BAND_LIMIT_ENV
+    assert contract.ANNOTATION_MEMORY_BUDGET not in plain["metadata"]["annotations"]
+    assert all(v["name"] != manifests.BUDGET_VOLUME for v in plain["spec"]["volumes"])
 
 
 @pytest.mark.parametrize(

@@ -294,15 +294,16 @@ OWNER = {"apiVersion": "ebbflow.dev/v1alpha1", "kind": "ElasticTrainingJob", "na
                     "annotations": {
                         contract.ANNOTATION_PROGRESS: '{"step": 3}',
                         contract.ANNOTATION_WORLD_GENERATION: "7",
+                        contract.ANNOTATION_MEMORY_BUDGET: "20480",
                     }
                 }
             ),
-            {"progress": '{"step": 3}', "world_generation": 7},
+            {"progress": '{"step": 3}', "world_generation": 7, "memory_budget": "20480"},
             id="contract-annotations",
         ),
         pytest.param(
             raw_pod(metadata={"annotations": {contract.ANNOTATION_WORLD_GENERATION: ""}}),
-            {"world_generation": 0, "progress": None},
+            {"world_generation": 0, "progress": None, "memory_budget": None},
             id="empty-world-generation",
         ),
         pytest.param(raw_pod(spec={"nodeName": "od-0"}), {"node": "od-0"}, id="bound"),

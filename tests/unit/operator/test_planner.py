@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from ebbflow_api import contract
 from ebbflow_api.builders import JobBuilder
-from ebbflow_operator.model import Job, Node, Pod, Taint, format_time
+from ebbflow_operator.model import LABEL_GPU_MEMORY, LABEL_GPU_REPLICAS, Job, Node, Pod, Taint, format_time
 from ebbflow_operator.planner import Observed, Plan, PlannerConfig, plan_job
 
 from tests.builders import NOW, make_job, make_node, make_rendezvous, make_worker
@@ -287,6 +287,56 @@ def test_progress_is_copied_from_the_newest_report() -> None:
     pods = [worker(0, progress=old), worker(1, progress=new)]
     result = plan(job(lo=1, status=running_status(pods, 2)), pods, 2)
     assert result.status["progress"]["step"] == 9 and "x" not in result.status["progress"]
+
+
+def test_compression_rate_reaches_the_status_and_stays_there() -> None:
+    """The band-limited trainers' rate is a progress field: copied into status.progress, and a pass
+    that sees the same report again writes nothing (the status model keeps the field)."""
+    report = {"step": 9, "samples": 576, "time": "2026-01-01T00:01:00Z", "compressionRate": 0.5}
+    pods = [worker(0, progress=json.dumps(report)), worker(1)]
+    first = plan(job(lo=1, status=running_status(pods, 2), bandLimit={}), pods, 2)
+    assert first.status["progress"]["compressionRate"] == 0.5
+    again = plan(job(lo=1, status=first.status, bandLimit={}), pods, 2)
+    assert again.status_patch == {}
+
+
+GFD_NODES = {  # labelled as NVIDIA's GPU feature discovery labels them: 40960 MiB GPUs, shared 2 ways
+    name: make_node(name, labels={LABEL_GPU_MEMORY: "40960", LABEL_GPU_REPLICAS: "2"}) for name in NODES
+}
+
+
+def annotated(pods: list[Pod], result: Plan) -> list[Pod]:
+    """The pods after the reconciler applied the plan's budget annotations."""
+    values = {u.name: str(u.value) for u in result.update_memory_budget}
+    return [replace(p, memory_budget=values.get(p.name, p.memory_budget)) for p in pods]
+
+
+def test_band_limited_workers_are_annotated_once_and_told_each_change_once() -> None:
+    pods = [worker(0), worker(1, "od-1")]
+    limited = job(lo=1, status=running_status(pods, 2), bandLimit={})
+    first = plan(limited, pods, 2, GFD_NODES)
+    assert [(u.name, u.value) for u in first.update_memory_budget] == [
+        ("j-worker-0", 20480),
+        ("j-worker-1", 20480),
+    ]
+    assert first.memory_budget == 20480 and not first.events
+    pods = annotated(pods, first)
+    assert not plan(limited, pods, 2, GFD_NODES).update_memory_budget
+
+    fixed = job(lo=1, status=running_status(pods, 2), bandLimit={"memoryBudgetMiB": 12000})
+    changed = plan(fixed, pods, 2, GFD_NODES)
+    assert [u.value for u in changed.update_memory_budget] == [12000, 12000]
+    assert [(e.reason, e.message) for e in changed.events] == [
+        ("MemoryBudgetChanged", "memory budget 20480 MiB -> 12000 MiB per worker")
+    ]
+    settled = plan(fixed, annotated(pods, changed), 2, GFD_NODES)
+    assert not settled.update_memory_budget and not settled.events
+
+
+def test_a_job_without_band_limit_gets_no_budget_on_labelled_nodes() -> None:
+    pods = [worker(0), worker(1, "od-1")]
+    result = plan(job(lo=1, status=running_status(pods, 2)), pods, 3, GFD_NODES)
+    assert result.create_workers and result.memory_budget is None and not result.update_memory_budget
 
 
 def test_worker_env_and_names_follow_the_contract() -> None:

@@ -11,7 +11,7 @@ import pytest
 from ebbflow_api import contract
 from ebbflow_api.builders import JobBuilder
 from ebbflow_api.models import Phase
-from ebbflow_operator.model import Job, Node, Pod, Taint, format_time
+from ebbflow_operator.model import LABEL_GPU_MEMORY, LABEL_GPU_REPLICAS, Job, Node, Pod, Taint, format_time
 from ebbflow_operator.planner import (
     Deletion,
     Ending,
@@ -35,6 +35,7 @@ from ebbflow_operator.planner import (
     job_status,
     latest_progress,
     lost_reason,
+    memory_budget,
     movers,
     new_workers,
     pending_timeout,
@@ -1268,3 +1269,97 @@ def test_global_batch(
         (f"{owner.name}-worker-{i}", f"uid-{owner.name}-{i}", v) for i, v in updated
     ]
     assert [e.message for e in batch.report.events] == events
+
+
+# --- memory_budget: the job's GPU memory budget reaches the workers (spec.bandLimit) ---------------
+
+SLICED = {  # 40960 MiB GPUs: exclusive, and shared 2 ways
+    "whole": make_node("whole", labels={LABEL_GPU_MEMORY: "40960", LABEL_GPU_REPLICAS: "1"}),
+    "halved": make_node("halved", labels={LABEL_GPU_MEMORY: "40960", LABEL_GPU_REPLICAS: "2"}),
+    "unlabelled": make_node("unlabelled"),
+}
+BAND_LIMITED = job(bandLimit={})
+FIXED_BUDGET = job(bandLimit={"memoryBudgetMiB": 8000})
+CHANGED = "memory budget 40960 MiB -> 20480 MiB per worker"
+
+
+@pytest.mark.parametrize(
+    ("owner", "placed", "ended", "value", "updated", "events"),
+    [
+        pytest.param(J, [("whole", "1")], False, None, [], [], id="no-band-limit-annotates-nothing"),
+        pytest.param(
+            BAND_LIMITED,
+            [("unlabelled", "40960")],
+            False,
+            None,
+            [],
+            [],
+            id="unknown-budget-keeps-annotations",
+        ),
+        pytest.param(
+            BAND_LIMITED,
+            [("whole", None), (None, None)],
+            False,
+            40960,
+            [0, 1],
+            [],
+            id="first-budget-annotates-everyone-without-event",
+        ),
+        pytest.param(
+            BAND_LIMITED,
+            [("whole", "40960"), ("halved", "40960")],
+            False,
+            20480,
+            [0, 1],
+            [CHANGED],
+            id="worker-on-shared-gpu-lowers-everyones-budget",
+        ),
+        pytest.param(
+            BAND_LIMITED,
+            [("whole", "20480"), ("halved", "40960")],
+            False,
+            20480,
+            [1],
+            [],
+            id="half-applied-change-finished-without-second-event",
+        ),
+        pytest.param(
+            BAND_LIMITED, [("whole", "20480"), ("halved", "20480")], False, 20480, [], [], id="current"
+        ),
+        pytest.param(
+            FIXED_BUDGET,
+            [("halved", "5000"), (None, "5000")],
+            False,
+            8000,
+            [0, 1],
+            ["memory budget 5000 MiB -> 8000 MiB per worker"],
+            id="spec-value-changed",
+        ),
+        pytest.param(
+            BAND_LIMITED,
+            [("whole", "40960"), ("halved", "40960")],
+            True,
+            20480,
+            [],
+            [],
+            id="ended-job-annotates-nothing",
+        ),
+    ],
+)
+def test_memory_budget(
+    owner: Job,
+    placed: list[tuple[str | None, str | None]],
+    ended: bool,
+    value: int | None,
+    updated: list[int],
+    events: list[str],
+) -> None:
+    """`placed`: each worker's node and the budget annotation it carries."""
+    active = [make_worker(owner, i, node, memory_budget=carried) for i, (node, carried) in enumerate(placed)]
+    budget = memory_budget(owner, active, SLICED, ended)
+    assert budget.value == value
+    assert [(u.name, u.uid, u.value) for u in budget.update] == [
+        (f"{owner.name}-worker-{i}", f"uid-{owner.name}-{i}", value) for i in updated
+    ]
+    assert [e.message for e in budget.report.events] == events
+    assert {(e.type, e.reason) for e in budget.report.events} <= {("Normal", "MemoryBudgetChanged")}
