@@ -158,6 +158,7 @@ def _check_checkpoint_path(config: TrainerConfig) -> None:
 def _check_spec(config: TrainerConfig) -> None:
     """Load the training script once before joining, so a broken script fails the job instead of looping."""
     import torch
+
     from ebbflow_trainer.api import SpecError, load_spec
     from ebbflow_trainer.config import ConfigError
     from ebbflow_trainer.lr_scaling import momentum_correction_problem
