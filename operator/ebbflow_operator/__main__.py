@@ -231,7 +231,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     metrics = Metrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_address)
-    io = KubeIO(client.ApiClient(configuration), operator_config.namespaces)
+    count = metrics.api_requests
+    io = KubeIO(
+        client.ApiClient(configuration),
+        operator_config.namespaces,
+        on_request=lambda verb, resource: count.labels(verb, resource).inc(),
+    )
     elector = _elector(args, io)
     reconciler = Reconciler(
         io, operator_config, metrics, leading=elector.leading if elector else lambda: True

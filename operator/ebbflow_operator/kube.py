@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ebbflow_api import contract
@@ -33,9 +33,16 @@ class KubeIO:
     validating and building a model for every pod costs more than the API server's own work.
     """
 
-    def __init__(self, api: client.ApiClient, namespaces: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespaces: Sequence[str] = (),
+        on_request: Callable[[str, str], None] = lambda verb, resource: None,
+    ) -> None:
+        """``on_request(verb, resource)`` hears every request before it is sent (the metrics)."""
         self.api = api
         self.namespaces = tuple(namespaces)
+        self.on_request = on_request
 
     def _request(
         self,
@@ -46,6 +53,7 @@ class KubeIO:
         content_type: str = "application/json",
     ) -> Json:
         """One API call with a JSON body; raises KubeError for any non-2xx answer."""
+        self.on_request(*request_kind(method, path))
         headers = {"Accept": "application/json", "Content-Type": content_type}
         method, url, headers, payload, _ = self.api.param_serialize(
             method=method,
@@ -178,6 +186,21 @@ class KubeIO:
             "count": 1,
         }
         _tolerate(404, self._request, "POST", f"/api/v1/namespaces/{namespace}/events", body)
+
+
+_VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+
+
+def request_kind(method: str, path: str) -> tuple[str, str]:
+    """(verb, resource) of a request as the API server's audit names them: a GET of a collection is
+    a list, of one object a get; a subresource is `resource/subresource` (`pods/status`)."""
+    parts = [part for part in path.split("?")[0].split("/") if part]
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    resource = "/".join(rest[0:1] + rest[2:3])
+    verb = _VERBS.get(method, "get" if len(rest) > 1 else "list")
+    return verb, resource
 
 
 def _tolerate(statuses: int | tuple[int, ...], call: Any, *args: Any) -> Json | None:

@@ -61,6 +61,19 @@ class Metrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
             registry=r,
         )
+        self.pass_seconds = Histogram(
+            "ebbflow_pass_seconds",
+            "One reconcile pass by part: observe (read the cache), decide (the pure decisions), apply.",
+            ["part"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
+            registry=r,
+        )
+        self.api_requests = Counter(
+            "ebbflow_api_requests",
+            "Requests the operator made to the API server (lists, writes, the Lease; not kopf's watches).",
+            ["verb", "resource"],
+            registry=r,
+        )
         self.reconcile_errors = Counter("ebbflow_reconcile_errors", "Failed passes or writes.", registry=r)
         self.gpus = Gauge("ebbflow_cluster_gpus", "GPUs on usable selected nodes.", ["state"], registry=r)
         self.leader = Gauge(

@@ -196,6 +196,10 @@ class Reconciler:
         decided = time.monotonic()
         work = [p for p in result.plans if _has_work(p)]
         failures = sum(self._pool.map(self._apply, work))
+        applied = time.monotonic()
+        for part, seconds in (("observe", observed - started), ("decide", decided - observed)):
+            self.metrics.pass_seconds.labels(part).observe(seconds)
+        self.metrics.pass_seconds.labels("apply").observe(applied - decided)
         if work:
             log.info(
                 "pass: %d nodes, %d pods, %d jobs, %d changed; observe %.3fs, decide %.3fs, apply %.3fs",
@@ -205,7 +209,7 @@ class Reconciler:
                 len(work),
                 observed - started,
                 decided - observed,
-                time.monotonic() - decided,
+                applied - decided,
             )
         if failures:
             self.metrics.reconcile_errors.inc(failures)

@@ -4,6 +4,7 @@ priority, pending timeout, the end of a job, garbage collection and metrics."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -336,3 +337,8 @@ def test_metrics_report_jobs_workers_and_gpus(
     assert "ebbflow_decision_latency_seconds_count" in text
     assert "ebbflow_reconcile_errors_total 0.0" in text
     assert "ebbflow_preemptions_total 0.0" in text
+    assert 'ebbflow_pass_seconds_count{part="decide"}' in text
+    # Its own requests, as the audit names them: the 5 workers and the rendezvous pod, status patches.
+    created = re.search(r'ebbflow_api_requests_total\{resource="pods",verb="create"\} (\S+)', text)
+    assert created and float(created.group(1)) >= 6, text
+    assert 'ebbflow_api_requests_total{resource="elastictrainingjobs/status",verb="patch"}' in text
