@@ -4,12 +4,16 @@
    time to converge, then decision latency from a node's deletion to the resize applied, p50/p95:
    the clock stops when no pod is left on the deleted node and every job's status agrees with its
    pods (desiredReplicas == live workers == readyReplicas), i.e. pods deleted/created, status written.
-2. 500 jobs (min 1, max 4) submitted at once on the same nodes: time until all are Running at 4.
-3. The operator's peak RSS (VmHWM) over the whole run.
+2. 500 jobs (min 1, max 4) submitted at once on the same nodes: time until all are Running at 4,
+   the operator's writes per job in that burst (its own request counter), and the convergence as a
+   ratio to (those writes / the API server's write rate measured in the same run).
+3. The operator's peak RSS (VmHWM), CPU seconds, decision time per pass (`ebbflow_pass_seconds`,
+   part decide) and API requests by verb over the whole run.
 
     .venv/bin/python bench/operator_bench.py [--nodes 500] [--jobs 100] [--burst 500] [--deletions 20]
+                                             [--output bench/results/operator.json]
 
-Results are printed and written to bench/results/operator.json.
+Results are printed and written to --output. bench/operator_scale.py runs it at several scales.
 """
 
 from __future__ import annotations
@@ -168,6 +172,21 @@ class Bench:
                 live[name] = live.get(name, 0) + 1
         return all(job["status"]["desiredReplicas"] == live.get(job["metadata"]["name"], 0) for job in jobs)
 
+    def write_rate(self, count: int = 400, concurrency: int = 8) -> float:
+        """Writes per second the API server takes now: `count` small ConfigMaps created from
+        `concurrency` threads (the operator's own write concurrency), then deleted."""
+
+        def create(i: int) -> None:
+            body = {"metadata": {"name": f"rate-{i}", "labels": {GROUP_LABEL: "rate"}}, "data": {"i": str(i)}}
+            self.core.create_namespaced_config_map(NAMESPACE, body)
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(create, range(count)))
+        rate = count / (time.monotonic() - started)
+        self.core.delete_collection_namespaced_config_map(NAMESPACE, label_selector=f"{GROUP_LABEL}=rate")
+        return rate
+
     def delete_jobs(self) -> None:
         self.custom.delete_collection_namespaced_custom_object(
             contract.API_GROUP, contract.API_VERSION, NAMESPACE, contract.PLURAL
@@ -189,22 +208,62 @@ def scrape(port: int) -> str:
         return str(response.read().decode())
 
 
-def histogram_quantiles(metrics: str) -> dict[str, float]:
-    """p50/p95 upper bounds and the mean of the operator's own decision-latency histogram."""
-    buckets: list[tuple[float, float]] = []
-    total = count = 0.0
+def samples(metrics: str, name: str, match: str = "") -> list[tuple[str, float]]:
+    """(labels, value) of every sample of `name` whose labels contain `match`."""
+    found = []
     for line in metrics.splitlines():
-        if line.startswith("ebbflow_decision_latency_seconds_bucket"):
-            bound = line.split('le="')[1].split('"')[0]
-            buckets.append((float(bound), float(line.split()[-1])))
-        elif line.startswith("ebbflow_decision_latency_seconds_sum"):
-            total = float(line.split()[-1])
-        elif line.startswith("ebbflow_decision_latency_seconds_count"):
-            count = float(line.split()[-1])
-    result = {"passes": count, "mean_s": round(total / count, 3) if count else float("nan")}
+        if line.startswith(name) and match in line:
+            head, value = line.rsplit(" ", 1)
+            if head == name or head.startswith(name + "{"):
+                found.append((head[len(name) :], float(value)))
+    return found
+
+
+def histogram_quantiles(
+    metrics: str, name: str = "ebbflow_decision_latency_seconds", match: str = ""
+) -> dict[str, float]:
+    """p50/p95 upper bounds and the mean of one of the operator's histograms (`match`: a label)."""
+    buckets = [
+        (float(labels.split('le="')[1].split('"')[0]), seen)
+        for labels, seen in samples(metrics, f"{name}_bucket", match)
+    ]
+    total = sum(value for _, value in samples(metrics, f"{name}_sum", match))
+    count = sum(value for _, value in samples(metrics, f"{name}_count", match))
+    result = {"passes": count, "mean_s": round(total / count, 4) if count else float("nan")}
     for name, q in (("p50_le_s", 0.5), ("p95_le_s", 0.95)):
         result[name] = next((bound for bound, seen in buckets if seen >= q * count), float("inf"))
     return result
+
+
+WRITE_VERBS = ("create", "patch", "update", "delete")
+
+
+def requests_by_kind(metrics: str) -> dict[str, float]:
+    """The operator's API requests so far (ebbflow_api_requests_total) by "verb resource"."""
+    found: dict[str, float] = {}
+    for labels, value in samples(metrics, "ebbflow_api_requests_total"):
+        verb = labels.split('verb="')[1].split('"')[0]
+        resource = labels.split('resource="')[1].split('"')[0]
+        found[f"{verb} {resource}"] = value
+    return found
+
+
+def requests_by_verb(metrics: str) -> dict[str, float]:
+    verbs: dict[str, float] = {}
+    for kind, count in requests_by_kind(metrics).items():
+        verb = kind.split()[0]
+        verbs[verb] = verbs.get(verb, 0.0) + count
+    return verbs
+
+
+def writes_by_kind(metrics: str) -> dict[str, float]:
+    return {kind: n for kind, n in requests_by_kind(metrics).items() if kind.split()[0] in WRITE_VERBS}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def operator_ready(operator: subprocess.Popen[bytes], port: int, gpus: int) -> bool:
@@ -269,17 +328,41 @@ def steady_state(bench: Bench, args: argparse.Namespace, names: list[str], port:
     return results
 
 
-def burst(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
-    """Phase 2: the steady jobs go, then `--burst` jobs are submitted at once and converge."""
+def burst(bench: Bench, args: argparse.Namespace, port: int) -> dict[str, Any]:
+    """Phase 2: the steady jobs go, the API server's write rate is measured, then `--burst` jobs are
+    submitted at once and converge; the operator's writes for them are counted."""
     bench.delete_jobs()
+    rate = bench.write_rate()
     total = min(4 * args.burst, (args.nodes - args.deletions) * 4)
+    before = writes_by_kind(scrape(port))
     started = time.monotonic()
     bench.submit("burst", args.burst, 1, 4)
     results: dict[str, Any] = {"burst_submit_s": round(time.monotonic() - started, 2)}
-    wait_for(lambda: bench.consistent(total), 900, f"{args.burst} jobs, {total} workers", interval=1)
-    results["converge_burst_s"] = round(time.monotonic() - started, 2)
+    wait_for(lambda: bench.consistent(total), 3600, f"{args.burst} jobs, {total} workers", interval=1)
+    converged = time.monotonic() - started
+    after = writes_by_kind(scrape(port))
+    per_job = {kind: round((n - before.get(kind, 0.0)) / args.burst, 2) for kind, n in sorted(after.items())}
+    made = sum(after.values()) - sum(before.values())
+    results |= {
+        "converge_burst_s": round(converged, 2),
+        "api_write_rate_per_s": round(rate, 1),
+        "burst_operator_writes": made,
+        "burst_writes_per_job": round(made / args.burst, 2),
+        "burst_writes_per_job_by_kind": {kind: n for kind, n in per_job.items() if n},
+        "burst_vs_write_bound": round(converged / (made / rate), 2),
+    }
     print(f"{args.burst} jobs converged in {results['converge_burst_s']} s", flush=True)
     return results
+
+
+def operator_totals(pid: int, metrics: str) -> dict[str, Any]:
+    """What the operator spent over the whole run: memory, CPU, decision time, requests."""
+    return {
+        "operator_peak_rss_mb": round(peak_rss_mb(pid), 1),
+        "operator_cpu_s": round(cpu_seconds(pid), 1),
+        "decide_per_pass": histogram_quantiles(metrics, "ebbflow_pass_seconds", 'part="decide"'),
+        "api_requests_by_verb": requests_by_verb(metrics),
+    }
 
 
 def main() -> None:
@@ -288,6 +371,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--burst", type=int, default=500)
     parser.add_argument("--deletions", type=int, default=20)
+    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "operator.json")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, interrupt)
     results: dict[str, Any] = {
@@ -295,6 +379,7 @@ def main() -> None:
         "gpus": args.nodes * 4,
         "jobs": args.jobs,
         "burst": args.burst,
+        "deletions": args.deletions,
     }
     with running_control_plane() as plane:
         bench = Bench(config.new_client_from_config(config_file=str(plane.kubeconfig)))
@@ -307,13 +392,13 @@ def main() -> None:
         try:
             wait_for(lambda: operator_ready(operator, port, args.nodes * 4), 120, "the operator's first pass")
             results.update(steady_state(bench, args, names, port))
-            results.update(burst(bench, args))
-            results["operator_peak_rss_mb"] = round(peak_rss_mb(operator.pid), 1)
+            results.update(burst(bench, args, port))
+            results |= operator_totals(operator.pid, scrape(port))
         finally:
             operator.terminate()
             operator.wait(30)
-    out = REPO / "bench" / "results" / "operator.json"
-    out.write_text(json.dumps(results, indent=2))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
 
 
