@@ -80,13 +80,19 @@ def decide(
     capacity = cluster_capacity(selected, pods, movable)
     allocation = allocate(policy, demands, capacity.free)
     plans = []
+    # Free GPUs per set of eligible nodes: jobs of one shape share the set, so each is summed once
+    # (summing per job costs jobs x nodes, most of a pass at 1,000 jobs on 5,000 nodes).
+    free_in: dict[frozenset[str], int] = {}
     for job in jobs:
+        nodes_of_job = eligible[job.key]
+        if nodes_of_job not in free_in:
+            free_in[nodes_of_job] = sum(capacity.free.get(name, 0) for name in nodes_of_job)
         observed = Observed(
             pods=job_pods[job.key],
             services=services.get(job.key, frozenset()),
             nodes=by_name,
             desired=allocation.counts.get(job.key, 0),
-            free_gpus=sum(capacity.free.get(name, 0) for name in eligible[job.key]),
+            free_gpus=free_in[nodes_of_job],
             network_policies=network_policies.get(job.key, frozenset()),
             global_batch=allocation.global_batch.get(job.key),
             moves=allocation.moves.get(job.key, ()),

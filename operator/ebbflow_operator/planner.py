@@ -141,6 +141,21 @@ class Plan:
     preemptions: int = 0
     status: Json = field(default_factory=dict)
 
+    @property
+    def has_work(self) -> bool:
+        """Whether applying the plan writes anything (most passes leave most jobs alone)."""
+        return bool(
+            self.status_patch
+            or self.delete
+            or self.create_workers
+            or self.create_rendezvous_pod
+            or self.create_services
+            or self.create_network_policy
+            or self.update_global_batch
+            or self.update_memory_budget
+            or self.events
+        )
+
 
 @dataclass(frozen=True)
 class Observed:

@@ -194,7 +194,7 @@ class Reconciler:
         policy = self._policy(nodes, pods, jobs, when)
         result = decide(nodes, pods, jobs, services, network_policies, when, self.config, policy)
         decided = time.monotonic()
-        work = [p for p in result.plans if _has_work(p)]
+        work = [p for p in result.plans if p.has_work]
         failures = sum(self._pool.map(self._apply, work))
         applied = time.monotonic()
         for part, seconds in (("observe", observed - started), ("decide", decided - observed)):
@@ -339,18 +339,4 @@ def _job_sample(plan: Plan) -> JobSample:
         current=int(status["replicas"]),
         ready=int(status["readyReplicas"]),
         gpus_per_worker=plan.job.gpus_per_worker,
-    )
-
-
-def _has_work(plan: Plan) -> bool:
-    return bool(
-        plan.status_patch
-        or plan.delete
-        or plan.create_workers
-        or plan.create_rendezvous_pod
-        or plan.create_services
-        or plan.create_network_policy
-        or plan.update_global_batch
-        or plan.update_memory_budget
-        or plan.events
     )
