@@ -2,17 +2,18 @@
 API: how long one pass takes, and how that grows with nodes + pods.
 
     .venv/bin/python bench/decide_scale.py [--scales 100x500,300x1500,1000x5000] [--passes 5]
-                                          [--profile 1000x5000]
+                                          [--policy fair|goodput|quality] [--profile 1000x5000]
 
 The observed state is the steady phase of the operator benchmark after convergence: JOBS jobs (min 2,
 max 24, 1 GPU per worker) on NODES nodes of 4 GPUs, every GPU held by a running, ready worker, each
 job Running with a status that matches its pods, its rendezvous pod, Services and NetworkPolicy in
 place: a pass that finds nothing to do, which is most passes (every watch event triggers one). Jobs
-and nodes go through the real parsing path (tests/builders.py). The fair policy decides.
+and nodes go through the real parsing path (tests/builders.py). The fair policy decides by default;
+goodput and quality decide with no measurements yet (their priors), as after an operator restart.
 
 Prints the median pass time per scale and its growth against nodes + pods (log-log slope), and with
 --profile the functions that take the most cumulative time at that scale (cProfile). Writes
-bench/results/decide_scale.json.
+bench/results/decide_scale_POLICY.json.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from typing import Any
 
 from ebbflow_api.builders import JobBuilder
 from ebbflow_operator import manifests
-from ebbflow_operator.allocator import PriorityFairShare
+from ebbflow_operator.allocator import Policy
 from ebbflow_operator.decide import OperatorConfig, decide
+from ebbflow_operator.history import node_devices
 from ebbflow_operator.model import Job, JobKey, Node, Pod
+from ebbflow_operator.policies import POLICIES, policy_named
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -47,12 +50,18 @@ def _job(i: int, status: dict[str, Any]) -> Job:
     return make_job(JobBuilder(f"job-{i}").replicas(MIN, MAX), status=status)
 
 
+def policy(name: str, nodes: list[Node]) -> Policy:
+    return policy_named(name, {}, node_devices(nodes), NOW)
+
+
 def steady_state(jobs: int, nodes: int) -> tuple[list[Node], list[Pod], list[Job]]:
     """Every GPU held: job i gets its max-min fair share of the nodes' GPUs, packed node by node,
     and the status one pass writes for that (so the next pass has nothing to write)."""
     node_list, pods, job_list = _converged(jobs, nodes)
     services, policies = children(job_list)
-    result = decide(node_list, pods, job_list, services, policies, NOW, OperatorConfig(), PriorityFairShare())
+    result = decide(
+        node_list, pods, job_list, services, policies, NOW, OperatorConfig(), policy("fair", node_list)
+    )
     settled = [
         _job(i, {**job.status.to_json(), **plan.status_patch})
         for i, (job, plan) in enumerate(zip(job_list, result.plans, strict=True))
@@ -93,14 +102,14 @@ def children(jobs: list[Job]) -> tuple[dict[JobKey, frozenset[str]], dict[JobKey
     return services, policies
 
 
-def time_passes(jobs: int, nodes: int, passes: int) -> dict[str, Any]:
+def time_passes(jobs: int, nodes: int, passes: int, name: str) -> dict[str, Any]:
     node_list, pods, job_list = steady_state(jobs, nodes)
     services, policies = children(job_list)
     config = OperatorConfig()
     seconds, work = [], 0
     for _ in range(passes):
         started = time.perf_counter()
-        result = decide(node_list, pods, job_list, services, policies, NOW, config, PriorityFairShare())
+        result = decide(node_list, pods, job_list, services, policies, NOW, config, policy(name, node_list))
         seconds.append(time.perf_counter() - started)
         work = sum(1 for p in result.plans if p.has_work)
     return {
@@ -112,12 +121,12 @@ def time_passes(jobs: int, nodes: int, passes: int) -> dict[str, Any]:
     }
 
 
-def profile(jobs: int, nodes: int, top: int = 25) -> str:
+def profile(jobs: int, nodes: int, name: str, top: int = 25) -> str:
     node_list, pods, job_list = steady_state(jobs, nodes)
     services, policies = children(job_list)
     profiler = cProfile.Profile()
     profiler.enable()
-    decide(node_list, pods, job_list, services, policies, NOW, OperatorConfig(), PriorityFairShare())
+    decide(node_list, pods, job_list, services, policies, NOW, OperatorConfig(), policy(name, node_list))
     profiler.disable()
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)
@@ -136,21 +145,22 @@ def main() -> None:
     )
     parser.add_argument("--scales", default="100x500,300x1500,1000x5000")
     parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--policy", default="fair", choices=POLICIES)
     parser.add_argument("--profile", default="", help="JOBSxNODES to profile one pass of")
     args = parser.parse_args()
     rows = []
     for scale in args.scales.split(","):
         jobs, nodes = (int(part) for part in scale.split("x"))
-        rows.append(time_passes(jobs, nodes, args.passes))
+        rows.append(time_passes(jobs, nodes, args.passes, args.policy))
         print(json.dumps(rows[-1]), flush=True)
-    found: dict[str, Any] = {"runs": rows}
+    found: dict[str, Any] = {"policy": args.policy, "runs": rows}
     if len(rows) > 1:
         found["growth"] = round(slope([r["objects"] for r in rows], [r["pass_median_s"] for r in rows]), 2)
         print(f"growth of a pass against nodes + pods: {found['growth']} (1: linear, 2: quadratic)")
     if args.profile:
         jobs, nodes = (int(part) for part in args.profile.split("x"))
-        print(profile(jobs, nodes))
-    (REPO / "bench" / "results" / "decide_scale.json").write_text(json.dumps(found, indent=2))
+        print(profile(jobs, nodes, args.policy))
+    (REPO / "bench" / "results" / f"decide_scale_{args.policy}.json").write_text(json.dumps(found, indent=2))
 
 
 if __name__ == "__main__":
