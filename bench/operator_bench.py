@@ -93,7 +93,7 @@ class Bench:
             ]
             return len(ready) == count
 
-        wait_for(all_ready, 300, f"{count} nodes Ready", interval=1)
+        wait_for(all_ready, 120 + 0.5 * count, f"{count} nodes Ready", interval=1)  # ~0.2 s each here
         return names
 
     def job(self, name: str, lo: int, hi: int) -> dict[str, Any]:
@@ -303,7 +303,8 @@ def steady_state(bench: Bench, args: argparse.Namespace, names: list[str], port:
     total = min(24 * args.jobs, args.nodes * 4)
     started = time.monotonic()
     bench.submit("steady", args.jobs, 2, 24)
-    wait_for(lambda: bench.consistent(total), 600, f"{args.jobs} jobs, {total} workers", interval=0.5)
+    deadline = 300 + 0.1 * total  # about 30 workers a second converge here
+    wait_for(lambda: bench.consistent(total), deadline, f"{args.jobs} jobs, {total} workers", interval=0.5)
     results["converge_jobs_s"] = round(time.monotonic() - started, 2)
     print(f"{args.jobs} jobs converged in {results['converge_jobs_s']} s", flush=True)
     latencies = []
