@@ -23,6 +23,8 @@ const sharedSuffix = ".shared"
 const (
 	DefaultGPUCount = 2
 	DefaultProduct  = "NVIDIA-A100-SXM4-40GB"
+	// DefaultMemoryMiB is what GFD reports for the default product.
+	DefaultMemoryMiB = 40960
 )
 
 // File is NVIDIA's config file, limited to what the fake plugin understands. Unknown
@@ -63,6 +65,7 @@ type Settings struct {
 	FailRequestsGreaterThanOne bool
 	GPUCount                   int    // physical fake GPUs per node
 	Product                    string // GPU product name for the node label
+	MemoryMiB                  int    // memory of one physical GPU for the node label; 0: no label
 }
 
 // TimeSliced says whether GPUs are shared; replicas: 1 behaves like no sharing at all.
@@ -180,7 +183,16 @@ func FromEnvironment(path string) (Settings, error) {
 	if product == "" {
 		product = DefaultProduct
 	}
-	return Parse(data, count, product)
+	memory, err := intFromEnv("FAKE_GPU_MEMORY_MIB", DefaultMemoryMiB)
+	if err != nil {
+		return Settings{}, err
+	}
+	if memory < 1 {
+		return Settings{}, fmt.Errorf("config: FAKE_GPU_MEMORY_MIB: must be >= 1, got %d", memory)
+	}
+	settings, err := Parse(data, count, product)
+	settings.MemoryMiB = memory
+	return settings, err
 }
 
 func intFromEnv(name string, fallback int) (int, error) {

@@ -116,18 +116,22 @@ func TestFromEnvironmentReadsFakeSettings(t *testing.T) {
 		name        string
 		count       string
 		product     string
+		memory      string
 		wantCount   int
 		wantProduct string
+		wantMemory  int
 		wantErr     string
 	}{
-		{"defaults", "", "", DefaultGPUCount, DefaultProduct, ""},
-		{"overrides", "4", "Tesla-T4", 4, "Tesla-T4", ""},
-		{"count not a number", "many", "", 0, "", "FAKE_GPU_COUNT: not an integer"},
+		{"defaults", "", "", "", DefaultGPUCount, DefaultProduct, DefaultMemoryMiB, ""},
+		{"overrides", "4", "Tesla-T4", "15360", 4, "Tesla-T4", 15360, ""},
+		{"count not a number", "many", "", "", 0, "", 0, "FAKE_GPU_COUNT: not an integer"},
+		{"memory not positive", "", "", "0", 0, "", 0, "FAKE_GPU_MEMORY_MIB: must be >= 1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv("FAKE_GPU_COUNT", tt.count)
 			t.Setenv("FAKE_GPU_PRODUCT", tt.product)
+			t.Setenv("FAKE_GPU_MEMORY_MIB", tt.memory)
 			got, err := FromEnvironment("")
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
@@ -138,8 +142,8 @@ func TestFromEnvironmentReadsFakeSettings(t *testing.T) {
 			if err != nil {
 				t.Fatalf("FromEnvironment: %v", err)
 			}
-			if got.GPUCount != tt.wantCount || got.Product != tt.wantProduct {
-				t.Errorf("got %d x %q, want %d x %q", got.GPUCount, got.Product, tt.wantCount, tt.wantProduct)
+			if got.GPUCount != tt.wantCount || got.Product != tt.wantProduct || got.MemoryMiB != tt.wantMemory {
+				t.Errorf("got %d x %q of %d MiB, want %d x %q of %d MiB", got.GPUCount, got.Product, got.MemoryMiB, tt.wantCount, tt.wantProduct, tt.wantMemory)
 			}
 		})
 	}

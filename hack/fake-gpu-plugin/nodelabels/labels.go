@@ -23,6 +23,7 @@ const (
 	Count           = "nvidia.com/gpu.count"
 	Replicas        = "nvidia.com/gpu.replicas"
 	SharingStrategy = "nvidia.com/gpu.sharing-strategy"
+	Memory          = "nvidia.com/gpu.memory" // MiB of one physical GPU
 )
 
 // For computes the labels for a node with these settings. Like GFD: the count is physical
@@ -37,12 +38,16 @@ func For(s config.Settings) map[string]string {
 			product += "-SHARED"
 		}
 	}
-	return map[string]string{
+	labels := map[string]string{
 		Product:         product,
 		Count:           strconv.Itoa(s.GPUCount),
 		Replicas:        strconv.Itoa(s.Replicas),
 		SharingStrategy: strategy,
 	}
+	if s.MemoryMiB > 0 {
+		labels[Memory] = strconv.Itoa(s.MemoryMiB)
+	}
+	return labels
 }
 
 // Apply merges the labels into the node's labels (other labels are left alone).

@@ -21,8 +21,8 @@ func TestForComputesGFDLabels(t *testing.T) {
 		want     map[string]string
 	}{
 		{"time-sliced keeps the name: product marked SHARED",
-			config.Settings{Replicas: 2, GPUCount: 2, Product: "NVIDIA-A100-SXM4-40GB"},
-			map[string]string{Product: "NVIDIA-A100-SXM4-40GB-SHARED", Count: "2", Replicas: "2", SharingStrategy: "time-slicing"}},
+			config.Settings{Replicas: 2, GPUCount: 2, Product: "NVIDIA-A100-SXM4-40GB", MemoryMiB: 40960},
+			map[string]string{Product: "NVIDIA-A100-SXM4-40GB-SHARED", Count: "2", Replicas: "2", SharingStrategy: "time-slicing", Memory: "40960"}},
 		{"time-sliced and renamed: product unchanged",
 			config.Settings{Replicas: 4, Renamed: true, GPUCount: 1, Product: "Tesla-T4"},
 			map[string]string{Product: "Tesla-T4", Count: "1", Replicas: "4", SharingStrategy: "time-slicing"}},
