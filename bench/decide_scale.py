@@ -93,11 +93,8 @@ def _converged(jobs: int, nodes: int) -> tuple[list[Node], list[Pod], list[Job]]
 
 
 def children(jobs: list[Job]) -> tuple[dict[JobKey, frozenset[str]], dict[JobKey, frozenset[str]]]:
-    """Every job's Services and NetworkPolicy, as the cache holds them."""
-    services = {
-        j.key: frozenset({manifests.rendezvous_name(j.name), manifests.headless_service_name(j.name)})
-        for j in jobs
-    }
+    """Every job's Service and NetworkPolicy, as the cache holds them."""
+    services = {j.key: frozenset({manifests.service_name(j.name)}) for j in jobs}
     policies = {j.key: frozenset({manifests.network_policy_name(j.name)}) for j in jobs}
     return services, policies
 

@@ -12,7 +12,7 @@ import yaml
 from ebbflow_api import contract
 from ebbflow_api.waiting import wait_for
 from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, TRAINER_IMAGE, Kind, KindError
-from ebbflow_operator.manifests import network_policy_name, rendezvous_name
+from ebbflow_operator.manifests import network_policy_name, rendezvous_host
 
 from . import jobs
 
@@ -70,7 +70,7 @@ def test_only_the_jobs_pods_reach_its_rendezvous_store(kind: Kind, namespace: st
     )
     assert kind.json("-n", namespace, "get", "networkpolicy", network_policy_name("fenced"))
 
-    store = f"{rendezvous_name('fenced')}.{namespace}.svc"
+    store = rendezvous_host("fenced", namespace)
     worker = jobs.running_workers(kind, "fenced")[0]
     worker_ip = kind.json("-n", namespace, "get", "pod", worker)["status"]["podIP"]
 

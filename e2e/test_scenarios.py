@@ -120,8 +120,8 @@ def test_the_job_keeps_training_when_its_rendezvous_node_is_lost(
     taken_at = time.monotonic()
     kind.take_node_away(node)
     try:
-        # The operator puts a new store behind the same Service; the trainers re-join it (it starts
-        # empty) and resume from memory.
+        # The operator puts a new store under the same DNS name; the trainers resolve it again, re-join
+        # it (it starts empty) and resume from memory.
         replaced = wait_for(
             lambda: (
                 (p := _rendezvous_pod(kind, "store"))["metadata"]["uid"] != store["metadata"]["uid"]

@@ -61,7 +61,8 @@ PROGRESS_FIELDS: Final = (
 ENV_JOB_NAME: Final = "EBBFLOW_JOB_NAME"
 ENV_NAMESPACE: Final = "EBBFLOW_NAMESPACE"
 ENV_POD_NAME: Final = "EBBFLOW_POD_NAME"
-# host:port of the job's rendezvous Service (never a worker pod).
+# host:port of the job's rendezvous pod by its DNS name under the job's headless Service (never a
+# worker pod; a replaced store answers to the same name).
 ENV_RDZV_ENDPOINT: Final = "EBBFLOW_RDZV_ENDPOINT"
 # Unique per job incarnation, so a recreated job with the same name never joins an old round.
 ENV_RDZV_ID: Final = "EBBFLOW_RDZV_ID"

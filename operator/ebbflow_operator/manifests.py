@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 
 from ebbflow_api import contract
 
@@ -40,20 +39,37 @@ def worker_index(name: str) -> int | None:
 
 
 def rendezvous_name(job: str) -> str:
-    """The rendezvous pod and its Service share this name."""
+    """The rendezvous pod's name and hostname."""
     return f"{job}-rdzv"
 
 
-def headless_service_name(job: str) -> str:
-    return f"{job}-workers"
+def service_name(job: str) -> str:
+    """The job's one Service: headless, every pod of the job (the NetworkPolicy's name, another kind)."""
+    return f"{job}-pods"
 
 
 def network_policy_name(job: str) -> str:
     return f"{job}-pods"
 
 
-def rendezvous_endpoint(job: Job) -> str:
-    return f"{rendezvous_name(job.name)}.{job.namespace}.svc:{job.spec.rendezvous.port}"
+def rendezvous_host(job: str, namespace: str) -> str:
+    """The rendezvous pod's DNS name: whichever pod hosts the store now (a replacement takes the name)."""
+    return f"{rendezvous_name(job)}.{service_name(job)}.{namespace}.svc"
+
+
+def legacy_rendezvous_service_name(job: str) -> str:
+    """The ClusterIP Service in front of the store that operators before 2026-11-26 created."""
+    return rendezvous_name(job)
+
+
+def rendezvous_endpoint(job: Job, legacy_service: bool = False) -> str:
+    """host:port of the store for new workers. A job started by an older operator (`legacy_service`:
+    its ClusterIP Service is there) keeps that Service's name, so old and new workers share one."""
+    if legacy_service:
+        host = f"{legacy_rendezvous_service_name(job.name)}.{job.namespace}.svc"
+    else:
+        host = rendezvous_host(job.name, job.namespace)
+    return f"{host}:{job.spec.rendezvous.port}"
 
 
 def worker_selector(job: str) -> str:
@@ -76,7 +92,7 @@ def _labels(job: Job, role: str) -> dict[str, str]:
     return {contract.LABEL_JOB_NAME: job.name, contract.LABEL_ROLE: role}
 
 
-def _env(job: Job, world_generation: int, container: Json) -> list[Json]:
+def _env(job: Job, world_generation: int, container: Json, legacy_service: bool) -> list[Json]:
     """The contract's variables for one container of a worker (the termination message path is
     the container's own)."""
     spec = job.spec
@@ -84,7 +100,7 @@ def _env(job: Job, world_generation: int, container: Json) -> list[Json]:
     values = {
         contract.ENV_JOB_NAME: job.name,
         contract.ENV_NAMESPACE: job.namespace,
-        contract.ENV_RDZV_ENDPOINT: rendezvous_endpoint(job),
+        contract.ENV_RDZV_ENDPOINT: rendezvous_endpoint(job, legacy_service),
         contract.ENV_RDZV_ID: job.uid,
         contract.ENV_RDZV_JOIN_TIMEOUT_SECONDS: spec.rendezvous.join_timeout_seconds,
         contract.ENV_MIN_REPLICAS: spec.replicas.min,
@@ -163,6 +179,7 @@ def worker_pod(
     global_batch: int | None = None,
     node: str | None = None,
     memory_budget: int | None = None,
+    legacy_rendezvous_service: bool = False,
 ) -> Json:
     """A worker: the job's template plus the contract's labels, annotations and environment; with
     `node`, required to run there (`pin_to_node`: it replaces workers moved onto that node).
@@ -173,12 +190,13 @@ def worker_pod(
     spec.maxGlobalBatchSize the pod carries `global_batch` (default: `global_batch_in_use`) in its
     annotation, projected into the file the trainer reads. With spec.bandLimit it carries
     `memory_budget` (MiB; none while the job's budget is unknown) the same way.
+    `legacy_rendezvous_service`: see `rendezvous_endpoint`.
     """
     template = job.spec.template.to_json()
     metadata: Json = template.get("metadata") or {}
     spec: Json = template["spec"]
     for container in spec["containers"]:
-        env = _env(job, world_generation, container)
+        env = _env(job, world_generation, container, legacy_rendezvous_service)
         contract_names = {e["name"] for e in env}
         kept = [e for e in container.get("env") or [] if e.get("name") not in contract_names]
         container["env"] = kept + env
@@ -187,7 +205,7 @@ def worker_pod(
     spec["restartPolicy"] = "Never"
     spec["terminationGracePeriodSeconds"] = job.spec.leave_grace_seconds
     spec["hostname"] = worker_name(job.name, index)
-    spec["subdomain"] = headless_service_name(job.name)
+    spec["subdomain"] = service_name(job.name)
     account = trainer_service_account(service_accounts or {}, job.namespace)
     if account and not spec.get("serviceAccountName") and not spec.get("serviceAccount"):
         spec["serviceAccountName"] = account
@@ -233,6 +251,9 @@ def rendezvous_pod(job: Job) -> Json:
     command = rendezvous.command or default
     spec: Json = {
         "restartPolicy": "Always",
+        # Its DNS name under the job's headless Service is the workers' rendezvous endpoint.
+        "hostname": rendezvous_name(job.name),
+        "subdomain": service_name(job.name),
         "containers": [
             {
                 "name": "rendezvous",
@@ -278,41 +299,29 @@ def rendezvous_pod(job: Job) -> Json:
     }
 
 
-def rendezvous_service(job: Job) -> Json:
+def job_service(job: Job) -> Json:
+    """One headless Service for every pod of the job: stable DNS names for the workers
+    (`<job>-<index>.<job>-pods`) and the rendezvous pod (`<job>-rdzv.<job>-pods`, the workers' endpoint).
+    Not-ready pods are listed too, so a starting store is found as soon as it has an address. One
+    Service instead of a ClusterIP one for the store and a headless one for the workers saves a write
+    per job; a replaced store gets a new address under the same name (DNS answers live 5 s in kind's
+    CoreDNS), and the trainers resolve the name again on every reconnect."""
     port = job.spec.rendezvous.port
-    return _service(
-        job,
-        rendezvous_name(job.name),
-        contract.ROLE_RENDEZVOUS,
-        {"ports": [{"name": "c10d", "port": port, "targetPort": port}]},
-    )
-
-
-def headless_service(job: Job) -> Json:
-    """Stable DNS names for workers (`<pod>.<job>-workers`); not-ready pods are listed too."""
-    return _service(
-        job,
-        headless_service_name(job.name),
-        contract.ROLE_WORKER,
-        {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,
-            "ports": [{"name": "metrics", "port": contract.METRICS_PORT}],
-        },
-    )
-
-
-def _service(job: Job, name: str, role: str, spec: dict[str, Any]) -> Json:
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": name,
+            "name": service_name(job.name),
             "namespace": job.namespace,
-            "labels": _labels(job, role),
+            "labels": {contract.LABEL_JOB_NAME: job.name},
             "ownerReferences": [owner_reference(job)],
         },
-        "spec": {"selector": _labels(job, role), **spec},
+        "spec": {
+            "selector": {contract.LABEL_JOB_NAME: job.name},
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "c10d", "port": port, "targetPort": port}],
+        },
     }
 
 

@@ -16,7 +16,7 @@ frozen values the steps before it returned:
     target_size              allocator's size, hold, spec.replicas.min -> how many workers to have
     resize                   the scale-down's `victims` or the policy's `movers`, `new_workers`,
                              the world generation
-    rendezvous_and_services  the rendezvous pod (replaced when it ends), the job's Services and
+    rendezvous_and_services  the rendezvous pod (replaced when it ends), the job's Service and
                              NetworkPolicy
     global_batch             (spec.maxGlobalBatchSize only) the policy's B -> the workers'
                              annotations to change and status.globalBatchSize
@@ -133,7 +133,8 @@ class Plan:
     update_memory_budget: tuple[BudgetUpdate, ...] = ()
     delete: tuple[Deletion, ...] = ()
     create_rendezvous_pod: bool = False
-    create_services: tuple[str, ...] = ()  # names of missing Services
+    create_service: bool = False
+    legacy_rendezvous_service: bool = False  # new workers use it (a job of an older operator)
     create_network_policy: bool = False
     status_patch: Json = field(default_factory=dict)
     events: tuple[Event, ...] = ()
@@ -149,7 +150,7 @@ class Plan:
             or self.delete
             or self.create_workers
             or self.create_rendezvous_pod
-            or self.create_services
+            or self.create_service
             or self.create_network_policy
             or self.update_global_batch
             or self.update_memory_budget
@@ -244,11 +245,12 @@ class Sizing:
 
 @dataclass(frozen=True)
 class Support:
-    """What happens to the job's rendezvous pod, Services and NetworkPolicy."""
+    """What happens to the job's rendezvous pod, Service and NetworkPolicy."""
 
     delete: tuple[Deletion, ...] = ()
     create_rendezvous_pod: bool = False
-    create_services: tuple[str, ...] = ()
+    create_service: bool = False
+    legacy_rendezvous_service: bool = False
     create_network_policy: bool = False
 
 
@@ -308,7 +310,8 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         update_memory_budget=budget.update,
         delete=delete,
         create_rendezvous_pod=support.create_rendezvous_pod,
-        create_services=support.create_services,
+        create_service=support.create_service,
+        legacy_rendezvous_service=support.legacy_rendezvous_service,
         create_network_policy=support.create_network_policy,
         status_patch=merge_patch(job.status.to_json(), update.status),
         events=update.report.events + batch.report.events + budget.report.events,
@@ -587,7 +590,7 @@ def new_workers(job_name: str, count: int, generation: int, taken: Set[str]) -> 
 
 def rendezvous_and_services(job: Job, observed: Observed, ended: bool) -> Support:
     """A running job has one rendezvous pod (replaced once it ends or its node is gone: PodGC removes
-    such a pod only after a long quarantine), its two Services and its NetworkPolicy; an ended job
+    such a pod only after a long quarantine), its Service and its NetworkPolicy; an ended job
     cleans the pod up (the rest goes with the job)."""
     name = manifests.rendezvous_name(job.name)
     pods = [p for p in children(job, observed.pods, contract.ROLE_RENDEZVOUS) if not p.deleting]
@@ -598,11 +601,8 @@ def rendezvous_and_services(job: Job, observed: Observed, ended: bool) -> Suppor
     return Support(
         delete=tuple(Deletion(p.name, p.uid, 0, "rendezvous ended") for p in gone),
         create_rendezvous_pod=not pods and name not in {p.name for p in observed.pods},
-        create_services=tuple(
-            service
-            for service in (name, manifests.headless_service_name(job.name))
-            if service not in observed.services
-        ),
+        create_service=manifests.service_name(job.name) not in observed.services,
+        legacy_rendezvous_service=manifests.legacy_rendezvous_service_name(job.name) in observed.services,
         create_network_policy=manifests.network_policy_name(job.name) not in observed.network_policies,
     )
 

@@ -274,10 +274,8 @@ class Reconciler:
             steps.append((partial(io.create_network_policy, ns, body), self.stores["networkpolicies"]))
         if plan.create_rendezvous_pod:
             steps.append((partial(io.create_pod, ns, manifests.rendezvous_pod(job)), pods))
-        for name in plan.create_services:
-            rendezvous = name == manifests.rendezvous_name(job.name)
-            body = manifests.rendezvous_service(job) if rendezvous else manifests.headless_service(job)
-            steps.append((partial(io.create_service, ns, body), services))
+        if plan.create_service:
+            steps.append((partial(io.create_service, ns, manifests.job_service(job)), services))
         steps += [
             (
                 partial(
@@ -291,6 +289,7 @@ class Reconciler:
                         global_batch=plan.global_batch,
                         node=plan.pin_node,
                         memory_budget=plan.memory_budget,
+                        legacy_rendezvous_service=plan.legacy_rendezvous_service,
                     ),
                 ),
                 pods,

@@ -14,6 +14,7 @@ from ebbflow_api import contract
 from ebbflow_api.waiting import wait_for
 from ebbflow_operator.devcluster.controlplane import ControlPlane
 from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, drain_node, fail_pod, preempt_node
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from .conftest import GpuNodes, Kube
@@ -75,7 +76,15 @@ def impatient_operator(
     yield from _operator(control_plane, namespace, gpu_nodes, tmp_path / "operator.log", 4)
 
 
-def test_job_gets_rendezvous_services_and_workers_on_gpu_nodes(
+def endpoint_hostnames(kube: Kube, namespace: str, service: str) -> set[str]:
+    """The hostnames of the endpoints the EndpointSlice controller lists for `service`."""
+    slices = client.DiscoveryV1Api(kube.core.api_client).list_namespaced_endpoint_slice(
+        namespace, label_selector=f"kubernetes.io/service-name={service}"
+    )
+    return {e.hostname for s in slices.items for e in s.endpoints or [] if e.hostname}
+
+
+def test_job_gets_rendezvous_service_and_workers_on_gpu_nodes(
     kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
 ) -> None:
     nodes = set(gpu_nodes.add(2))  # 2 x 4 time-sliced GPUs
@@ -91,18 +100,27 @@ def test_job_gets_rendezvous_services_and_workers_on_gpu_nodes(
         [owner] = pod.metadata.owner_references
         assert owner.uid == job_uid and owner.controller
         env = {e.name: e.value for e in pod.spec.containers[0].env}
-        assert env[contract.ENV_RDZV_ENDPOINT] == f"train-rdzv.{namespace}.svc:{contract.RENDEZVOUS_PORT}"
+        endpoint = f"train-rdzv.train-pods.{namespace}.svc:{contract.RENDEZVOUS_PORT}"
+        assert env[contract.ENV_RDZV_ENDPOINT] == endpoint
         assert env[contract.ENV_RDZV_ID] == job_uid
         assert env[contract.ENV_MIN_REPLICAS] == "2" and env[contract.ENV_MAX_REPLICAS] == "6"
         assert pod.spec.termination_grace_period_seconds == 5
     rendezvous = kube.core.read_namespaced_pod("train-rdzv", namespace)
     assert rendezvous.status.phase == "Running"
     assert rendezvous.metadata.owner_references[0].uid == job_uid
-    assert (
-        kube.core.read_namespaced_service("train-rdzv", namespace).spec.ports[0].port
-        == contract.RENDEZVOUS_PORT
+    service = kube.core.read_namespaced_service("train-pods", namespace)
+    assert service.spec.cluster_ip == "None" and service.spec.ports[0].port == contract.RENDEZVOUS_PORT
+    assert [s.metadata.name for s in kube.core.list_namespaced_service(namespace).items] == ["train-pods"]
+    # The endpoint's name exists: the EndpointSlice controller lists the rendezvous pod under its
+    # hostname (what cluster DNS serves as train-rdzv.train-pods), beside the six workers.
+    wait_for(
+        lambda: (
+            endpoint_hostnames(kube, namespace, "train-pods")
+            == {"train-rdzv", *(f"train-worker-{i}" for i in range(6))}
+        ),
+        SETTLE,
+        "the Service's endpoints named by hostname",
     )
-    assert kube.core.read_namespaced_service("train-workers", namespace).spec.cluster_ip == "None"
     ready = condition(kube, namespace, "train", "Ready")
     assert ready and ready["status"] == "True" and ready["observedGeneration"] == 1
     code, body = operator.health()

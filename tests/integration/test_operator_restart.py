@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("crd")
 
 
 def assert_clean(kube: Kube, namespace: str, job: str, count: int) -> None:
-    """Exactly `count` workers with distinct indexes, one rendezvous pod, two Services, all owned."""
+    """Exactly `count` workers with distinct indexes, one rendezvous pod, one Service, all owned."""
     uid = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job)["metadata"]["uid"]
     pods = kube.core.list_namespaced_pod(namespace).items
     services = kube.core.list_namespaced_service(namespace).items
@@ -49,7 +49,7 @@ def assert_clean(kube: Kube, namespace: str, job: str, count: int) -> None:
         p.metadata.labels[contract.LABEL_WORKER_INDEX] for p in workers if p.metadata.deletion_timestamp
     }
     assert not leaving & set(live), f"indexes {sorted(leaving & set(live))} both live and leaving"
-    assert sorted(s.metadata.name for s in services) == [f"{job}-rdzv", f"{job}-workers"]
+    assert [s.metadata.name for s in services] == [f"{job}-pods"]
 
 
 def test_operator_killed_mid_rescale_resumes_without_duplicates_or_orphans(

@@ -7,11 +7,12 @@ survivors keep dialling a dead address. Here the store lives in the rendezvous p
 that the agents of one rendezvous round agree on.
 
 **Store loss.** The store is one process in one pod; when its node goes, the operator starts a
-replacement behind the same Service, and the new store is empty. A TCPStore client never reconnects,
+replacement under the same DNS name, and the new store is empty. A TCPStore client never reconnects,
 and torch's handler raises on the first failed store call, which used to end every launcher with exit
 1 within a second. :class:`GenerationRendezvousHandler` instead takes a failed store call for the
 store's loss: it stops its heartbeats and reports no waiting node, so the running world trains on
-(gloo needs the store only to bootstrap), and it probes the address. Once a store answers there it
+(gloo needs the store only to bootstrap), and it probes the address (resolving the name anew each
+time: the replacement has another IP). Once a store answers there it
 connects afresh (a new client, a new torch handler over the new store's empty state) and reports a
 waiting node: the agent stops its workers at a step boundary (their state handed over in memory) and
 every launcher joins a round of the new store. A launcher that needs a round while the store is away

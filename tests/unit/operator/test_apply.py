@@ -88,13 +88,13 @@ class FakeCluster:
 
 JOB = make_job(JobBuilder("train").replicas(1, 4))
 RDZV = manifests.rendezvous_name("train")
-HEADLESS = manifests.headless_service_name("train")
+SERVICE = manifests.service_name("train")
 FULL = Plan(
     job=JOB,
     status_patch={"desiredReplicas": 2},
     delete=(Deletion("train-worker-3", "uid-train-3", 30, "scale down"),),
     create_rendezvous_pod=True,
-    create_services=(RDZV, HEADLESS),
+    create_service=True,
     create_network_policy=True,
     create_workers=((4, 2),),
     events=(Event("Normal", "Rescaled", "3 -> 2 workers"),),
@@ -104,8 +104,7 @@ DELETE: Call = ("delete_pod", "train-worker-3")
 CREATES: list[Call] = [
     ("create_network_policy", manifests.network_policy_name("train")),
     ("create_pod", RDZV),
-    ("create_service", RDZV),
-    ("create_service", HEADLESS),
+    ("create_service", SERVICE),
     ("create_pod", "train-worker-4"),
 ]
 RESCALED: Call = ("record_event", "Rescaled")

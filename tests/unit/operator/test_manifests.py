@@ -240,7 +240,7 @@ def test_worker_pod_spec_overrides() -> None:
     assert spec["restartPolicy"] == "Never"  # the template said OnFailure
     assert spec["terminationGracePeriodSeconds"] == 17 == job.spec.leave_grace_seconds
     assert spec["hostname"] == manifests.worker_name("train", 3) == "train-worker-3"
-    assert spec["subdomain"] == manifests.headless_service_name("train") == "train-workers"
+    assert spec["subdomain"] == manifests.service_name("train") == "train-pods"
 
 
 @pytest.mark.parametrize(
@@ -348,7 +348,7 @@ def test_worker_pod_env_contract_and_user_variables() -> None:
             {
                 contract.ENV_JOB_NAME: "j",
                 contract.ENV_NAMESPACE: "ns",
-                contract.ENV_RDZV_ENDPOINT: f"j-rdzv.ns.svc:{contract.RENDEZVOUS_PORT}",
+                contract.ENV_RDZV_ENDPOINT: f"j-rdzv.j-pods.ns.svc:{contract.RENDEZVOUS_PORT}",
                 contract.ENV_RDZV_ID: "uid-j",
                 contract.ENV_RDZV_JOIN_TIMEOUT_SECONDS: "600",
                 contract.ENV_MIN_REPLICAS: "2",
@@ -381,7 +381,7 @@ def test_worker_pod_env_contract_and_user_variables() -> None:
                 maxNonFiniteSteps=7,
             ),
             {
-                contract.ENV_RDZV_ENDPOINT: "j-rdzv.ns.svc:31000",
+                contract.ENV_RDZV_ENDPOINT: "j-rdzv.j-pods.ns.svc:31000",
                 contract.ENV_RDZV_JOIN_TIMEOUT_SECONDS: "30",
                 contract.ENV_MIN_REPLICAS: "1",
                 contract.ENV_MAX_REPLICAS: "2",
@@ -694,33 +694,28 @@ def selects(service: Json, pod: Json) -> bool:
         pytest.param(JobBuilder("j").set(rendezvous={"port": 31000}), 31000, id="port-set"),
     ],
 )
-def test_rendezvous_service(builder: JobBuilder, port: int) -> None:
+def test_job_service(builder: JobBuilder, port: int) -> None:
     job = make_job(builder)
-    service = manifests.rendezvous_service(job)
+    service = manifests.job_service(job)
     assert (service["apiVersion"], service["kind"]) == ("v1", "Service")
-    assert service["metadata"]["name"] == manifests.rendezvous_name("j") == "j-rdzv"
+    assert service["metadata"]["name"] == manifests.service_name("j") == "j-pods"
     assert service["metadata"]["ownerReferences"] == [manifests.owner_reference(job)]
+    assert service["spec"]["clusterIP"] == "None"  # headless: each pod its own DNS name
+    assert service["spec"]["publishNotReadyAddresses"] is True  # a starting store is found at once
     assert service["spec"]["ports"] == [{"name": "c10d", "port": port, "targetPort": port}]
-    assert "clusterIP" not in service["spec"]  # a normal Service: the endpoint is a stable virtual IP
-    assert selects(service, manifests.rendezvous_pod(job))
-    assert not selects(service, manifests.worker_pod(job, 0, world_generation=1))
-    # The workers' endpoint names this Service and its port.
-    assert manifests.rendezvous_endpoint(job) == f"j-rdzv.{job.namespace}.svc:{port}"
-
-
-def test_headless_service() -> None:
-    job = make_job(JobBuilder("j"))
-    service = manifests.headless_service(job)
-    assert service["metadata"]["name"] == "j-workers"
-    assert service["metadata"]["ownerReferences"] == [manifests.owner_reference(job)]
-    assert service["spec"]["clusterIP"] == "None"
-    assert service["spec"]["publishNotReadyAddresses"] is True
-    assert service["spec"]["ports"] == [{"name": "metrics", "port": contract.METRICS_PORT}]
+    rendezvous = manifests.rendezvous_pod(job)
     worker = manifests.worker_pod(job, 0, world_generation=1)
-    assert worker["spec"]["subdomain"] == service["metadata"]["name"]
-    assert selects(service, worker)
-    assert not selects(service, manifests.rendezvous_pod(job))
+    for pod in (rendezvous, worker):
+        assert selects(service, pod)
+        assert pod["spec"]["subdomain"] == service["metadata"]["name"]
     assert not selects(service, manifests.worker_pod(make_job(JobBuilder("other")), 0, world_generation=1))
+    # The workers' endpoint is the rendezvous pod's name under this Service, never a worker's.
+    assert rendezvous["spec"]["hostname"] == "j-rdzv" != worker["spec"]["hostname"]
+    assert manifests.rendezvous_endpoint(job) == f"j-rdzv.j-pods.{job.namespace}.svc:{port}"
+    # A job an older operator started keeps its ClusterIP Service's name for new workers too.
+    legacy = manifests.worker_pod(job, 1, world_generation=2, legacy_rendezvous_service=True)
+    env = {e["name"]: e.get("value") for e in legacy["spec"]["containers"][0]["env"]}
+    assert env[contract.ENV_RDZV_ENDPOINT] == f"j-rdzv.{job.namespace}.svc:{port}"
 
 
 def test_network_policy_admits_only_the_jobs_pods_but_the_metrics_port() -> None:
@@ -786,16 +781,17 @@ def test_longest_names_fit_kubernetes_limits() -> None:
     names = [
         manifests.worker_name(job, MAX_REPLICAS - 1),
         manifests.rendezvous_name(job),
-        manifests.headless_service_name(job),
+        manifests.service_name(job),
+        manifests.rendezvous_host(job, "n" * 63),
     ]
-    assert max(len(name) for name in names) <= 63
+    assert max(len(label) for name in names for label in name.split(".")) <= 63
 
 
 @pytest.mark.parametrize(
     "name",
     [
         pytest.param("j-rdzv", id="rendezvous"),
-        pytest.param("j-workers", id="headless-service"),
+        pytest.param("j-pods", id="service"),
         pytest.param("j-worker-", id="no-index"),
         pytest.param("j-worker-x", id="non-numeric-index"),
         pytest.param("j-worker-1a", id="index-with-suffix"),

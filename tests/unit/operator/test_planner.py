@@ -16,7 +16,7 @@ from tests.builders import NOW, make_job, make_node, make_rendezvous, make_worke
 
 CONFIG = PlannerConfig(pending_timeout=60, hold_seconds=300)
 NODES = {"od-0": make_node("od-0"), "od-1": make_node("od-1"), "spot-0": make_node("spot-0", spot=True)}
-SERVICES = frozenset({"j-rdzv", "j-workers"})
+SERVICES = frozenset({"j-pods"})
 
 
 def job(lo: int = 2, hi: int = 4, status: dict[str, Any] | None = None, **spec: object) -> Job:
@@ -48,10 +48,10 @@ def plan(j: Job, pods: list[Pod], desired: int, nodes: dict[str, Node] = NODES) 
     return plan_job(j, Observed([*pods, RDZV], SERVICES, nodes, desired, free_gpus=3), NOW, CONFIG)
 
 
-def test_new_job_gets_rendezvous_services_and_workers() -> None:
+def test_new_job_gets_rendezvous_service_and_workers() -> None:
     result = plan_job(job(), Observed([], frozenset(), NODES, 3, 12), NOW, CONFIG)
     assert result.create_rendezvous_pod
-    assert set(result.create_services) == {"j-rdzv", "j-workers"}
+    assert result.create_service
     assert result.create_workers == ((0, 1), (1, 1), (2, 1))
     assert result.status["phase"] == "Pending"
     assert result.status["desiredReplicas"] == 3
@@ -347,7 +347,7 @@ def test_worker_env_and_names_follow_the_contract() -> None:
     assert body["metadata"]["labels"][contract.LABEL_WORKER_INDEX] == "3"
     assert body["metadata"]["ownerReferences"][0]["uid"] == "uid-j"
     env = {e["name"]: e.get("value") for e in body["spec"]["containers"][0]["env"]}
-    assert env[contract.ENV_RDZV_ENDPOINT] == f"j-rdzv.ns.svc:{contract.RENDEZVOUS_PORT}"
+    assert env[contract.ENV_RDZV_ENDPOINT] == f"j-rdzv.j-pods.ns.svc:{contract.RENDEZVOUS_PORT}"
     assert env[contract.ENV_WORLD_GENERATION] == "7"
     assert env[contract.ENV_VIRTUAL_NODES] == "4"
     assert body["spec"]["terminationGracePeriodSeconds"] == 30

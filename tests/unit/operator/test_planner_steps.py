@@ -807,21 +807,24 @@ def test_new_workers(count: int, taken: set[str], expected: list[tuple[int, int]
     assert list(new_workers("j", count, 5, taken)) == expected
 
 
-# --- rendezvous pod and Services ---------------------------------------------------------------
+# --- rendezvous pod and Service ----------------------------------------------------------------
 
 RDZV = make_rendezvous(J)
-BOTH = frozenset({"j-rdzv", "j-workers"})
+BOTH = frozenset({"j-pods"})  # the job's Service is there
 
 
 @pytest.mark.parametrize(
     ("pods", "services", "ended", "policy", "expected"),
     [
         pytest.param([RDZV], BOTH, False, "Running", {}, id="steady"),
+        pytest.param([], frozenset(), False, "Running", {"create": True, "service": True}, id="new"),
         pytest.param(
-            [], frozenset(), False, "Running", {"create": True, "services": ["j-rdzv", "j-workers"]}, id="new"
-        ),
-        pytest.param(
-            [RDZV], frozenset({"j-rdzv"}), False, "Running", {"services": ["j-workers"]}, id="one-missing"
+            [RDZV],
+            frozenset({"j-rdzv", "j-workers"}),
+            False,
+            "Running",
+            {"service": True, "legacy": True},
+            id="services-of-an-older-operator",
         ),
         pytest.param(
             [replace(RDZV, phase="Failed")],
@@ -872,8 +875,9 @@ def test_rendezvous_and_services(
     assert {
         "delete": [d.reason for d in support.delete],
         "create": support.create_rendezvous_pod,
-        "services": list(support.create_services),
-    } == {"delete": [], "create": False, "services": [], **expected}
+        "service": support.create_service,
+        "legacy": support.legacy_rendezvous_service,
+    } == {"delete": [], "create": False, "service": False, "legacy": False, **expected}
     assert all((d.name, d.grace_seconds) == ("j-rdzv", 0) for d in support.delete)
 
 
