@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ebbflow_api import contract
@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 NETWORKING_PREFIX = "/apis/networking.k8s.io/v1"
 COORDINATION_PREFIX = "/apis/coordination.k8s.io/v1"
+LIST_PAGE_SIZE = 500  # items per page of a full list (the API server's own default chunk for informers)
 
 
 class KubeIO:
@@ -38,11 +39,13 @@ class KubeIO:
         api: client.ApiClient,
         namespaces: Sequence[str] = (),
         on_request: Callable[[str, str], None] = lambda verb, resource: None,
+        page_size: int = LIST_PAGE_SIZE,
     ) -> None:
         """``on_request(verb, resource)`` hears every request before it is sent (the metrics)."""
         self.api = api
         self.namespaces = tuple(namespaces)
         self.on_request = on_request
+        self.page_size = page_size
 
     def _request(
         self,
@@ -78,37 +81,55 @@ class KubeIO:
 
     # --- reads --------------------------------------------------------------------------------------
 
-    def _list(self, paths: Sequence[str], selector: str | None = None) -> tuple[list[Json], int]:
-        """Items and the (oldest) resourceVersion the lists were taken at."""
+    def _list(self, paths: Sequence[str], selector: str | None = None) -> tuple[Iterator[Json], int]:
+        """Items, lazily, and the (oldest) resourceVersion the lists were taken at.
+
+        Each list comes in pages of `page_size` items (one consistent snapshot: the API server's
+        `continue` token), fetched as the caller iterates: a list of 24,000 pods in one answer is
+        150 MB of JSON and several times that as Python objects, the operator's peak memory at
+        scale; a page at a time, the cache keeps only what it parses. The first page of each path is
+        fetched now, for its resourceVersion (a failure raises here, not while iterating).
+        """
         query = [("labelSelector", selector)] if selector else []
-        items: list[Json] = []
-        versions = []
-        for path in paths:
-            response = self._request("GET", path, query=query)
-            items += response["items"]
-            versions.append(int(response.get("metadata", {}).get("resourceVersion") or 0))
-        return items, min(versions)
+        firsts = [self._page(path, query, None) for path in paths]
+        version = min(int(first.get("metadata", {}).get("resourceVersion") or 0) for first in firsts)
+        return self._pages(paths, query, firsts), version
+
+    def _page(self, path: str, query: list[tuple[str, str]], token: str | None) -> Json:
+        paging = [("limit", str(self.page_size))] + ([("continue", token)] if token else [])
+        return self._request("GET", path, query=query + paging)
+
+    def _pages(
+        self, paths: Sequence[str], query: list[tuple[str, str]], firsts: list[Json]
+    ) -> Iterator[Json]:
+        for path, page in zip(paths, firsts, strict=True):
+            while True:
+                yield from page["items"]
+                token = page.get("metadata", {}).get("continue")
+                if not token:
+                    break
+                page = self._page(path, query, token)
 
     def _scoped(self, suffix: str, prefix: str = "/api/v1") -> list[str]:
         if not self.namespaces:
             return [f"{prefix}/{suffix}"]
         return [f"{prefix}/namespaces/{namespace}/{suffix}" for namespace in self.namespaces]
 
-    def list_nodes(self) -> tuple[list[Json], int]:
+    def list_nodes(self) -> tuple[Iterator[Json], int]:
         return self._list(["/api/v1/nodes"])
 
-    def list_pods(self) -> tuple[list[Json], int]:
+    def list_pods(self) -> tuple[Iterator[Json], int]:
         """Every pod in the cluster: capacity needs the other workloads' GPU requests too."""
         return self._list(["/api/v1/pods"])
 
-    def list_jobs(self) -> tuple[list[Json], int]:
+    def list_jobs(self) -> tuple[Iterator[Json], int]:
         return self._list(self._scoped(contract.PLURAL, f"/apis/{contract.API_GROUP}/{contract.API_VERSION}"))
 
-    def list_services(self) -> tuple[list[Json], int]:
+    def list_services(self) -> tuple[Iterator[Json], int]:
         """Services the operator created (they carry the job label)."""
         return self._list(self._scoped("services"), selector=contract.LABEL_JOB_NAME)
 
-    def list_network_policies(self) -> tuple[list[Json], int]:
+    def list_network_policies(self) -> tuple[Iterator[Json], int]:
         """NetworkPolicies the operator created (they carry the job label)."""
         paths = self._scoped("networkpolicies", NETWORKING_PREFIX)
         return self._list(paths, selector=contract.LABEL_JOB_NAME)
