@@ -9,6 +9,8 @@ from typing import Any
 import kopf
 from ebbflow_api import contract
 
+from .kube import LIST_PAGE_SIZE
+
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -16,6 +18,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.enabled = False
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    # kopf lists before it watches (and again after a 410): in pages, as the reconciler's relists.
+    settings.watching.chunk_size = LIST_PAGE_SIZE
     # Reconnect within seconds after an API server outage (kopf's default climbs to 21 s).
     settings.networking.error_backoffs = [1, 1, 2, 3, 5]
 
