@@ -11,7 +11,9 @@ place: a pass that finds nothing to do, which is most passes (every watch event 
 and nodes go through the real parsing path (tests/builders.py). The fair policy decides by default;
 goodput and quality decide with no measurements yet (their priors), as after an operator restart.
 
-Prints the median pass time per scale and its growth against nodes + pods (log-log slope), and with
+Prints the median pass time per scale (without a memo: the first pass after a relist; and with the
+previous pass's memo, `decide.PlanMemo`: a pass woken by an event that changed no job) and its
+growth against nodes + pods (log-log slope), and with
 --profile the functions that take the most cumulative time at that scale (cProfile). Writes
 bench/results/decide_scale_POLICY.json.
 """
@@ -103,17 +105,22 @@ def time_passes(jobs: int, nodes: int, passes: int, name: str) -> dict[str, Any]
     node_list, pods, job_list = steady_state(jobs, nodes)
     services, policies = children(job_list)
     config = OperatorConfig()
-    seconds, work = [], 0
+    seconds, remembered, work = [], [], 0
     for _ in range(passes):
         started = time.perf_counter()
         result = decide(node_list, pods, job_list, services, policies, NOW, config, policy(name, node_list))
         seconds.append(time.perf_counter() - started)
         work = sum(1 for p in result.plans if p.has_work)
+        started = time.perf_counter()
+        memo = result.memo
+        decide(node_list, pods, job_list, services, policies, NOW, config, policy(name, node_list), memo)
+        remembered.append(time.perf_counter() - started)
     return {
         "scale": f"{jobs}x{nodes}",
         "objects": nodes + len(pods),
         "pass_median_s": round(statistics.median(seconds), 4),
         "pass_min_s": round(min(seconds), 4),
+        "memo_pass_median_s": round(statistics.median(remembered), 4),
         "jobs_with_writes": work,
     }
 

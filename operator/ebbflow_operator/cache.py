@@ -52,6 +52,13 @@ class _Entry(Generic[T]):
     value: T
 
 
+def _kept(current: _Entry[T], version: int, uid: str) -> bool:
+    """Whether `current` stays against another copy at `version`: it is newer, or the very same
+    version (a write's answer and then its watch event, or a relist). Keeping the same parsed
+    object lets a pass tell by identity that nothing changed (decide.PlanMemo)."""
+    return current.version > version or (current.version == version > 0 and current.uid == uid)
+
+
 class Store(Generic[T]):
     """One kind of object, parsed once when it arrives. Thread-safe."""
 
@@ -83,7 +90,7 @@ class Store(Generic[T]):
                     del self._entries[key]
                 self._deleted[uid] = max(version, self._deleted.get(uid, 0))
                 return
-            if uid in self._deleted or (current is not None and current.version > version):
+            if uid in self._deleted or (current is not None and _kept(current, version, uid)):
                 return
             try:
                 value = self._parse(raw)
@@ -103,6 +110,10 @@ class Store(Generic[T]):
         rejected: list[tuple[str, str, int, Exception]] = []
         for raw in items:
             key, version, uid = _key(raw), _version(raw), _uid(raw)
+            known = self._entries.get(key)  # unlocked: a hint only, the merge below decides
+            if known is not None and known.version == version > 0 and known.uid == uid:
+                listed[key] = known  # the version the cache holds: not parsed again
+                continue
             try:
                 listed[key] = _Entry(version, uid, self._parse(raw))
             except PARSE_ERRORS as error:
@@ -120,7 +131,8 @@ class Store(Generic[T]):
                 if entry.uid in self._deleted:
                     continue  # deleted after the list was taken
                 current = self._entries.get(key)
-                merged[key] = current if current is not None and current.version > entry.version else entry
+                kept = current is not None and _kept(current, entry.version, entry.uid)
+                merged[key] = current if current is not None and kept else entry
             for key, entry in self._entries.items():
                 if key not in listed and entry.version > list_version:
                     merged[key] = entry  # created after the list was taken

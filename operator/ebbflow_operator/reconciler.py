@@ -28,7 +28,7 @@ from ebbflow_api import contract
 from . import manifests
 from .allocator import Policy, PriorityFairShare
 from .cache import Store
-from .decide import OperatorConfig, PassResult, decide
+from .decide import OperatorConfig, PassResult, PlanMemo, decide
 from .errors import KubeError
 from .history import History, node_devices
 from .metrics import JobSample, Metrics
@@ -103,6 +103,7 @@ class Reconciler:
             for kind, parse in parsers.items()
         }
         self._listed_at = 0.0
+        self._memo: PlanMemo = {}  # the last pass's reusable plans (decide.PlanMemo)
         # When the last pass completed (monotonic); the start counts as one, for the liveness probe.
         self.last_pass_at = time.monotonic()
 
@@ -192,7 +193,8 @@ class Reconciler:
         observed = time.monotonic()
         when = time.time() if now is None else now
         policy = self._policy(nodes, pods, jobs, when)
-        result = decide(nodes, pods, jobs, services, network_policies, when, self.config, policy)
+        result = decide(nodes, pods, jobs, services, network_policies, when, self.config, policy, self._memo)
+        self._memo = result.memo
         decided = time.monotonic()
         work = [p for p in result.plans if p.has_work]
         failures = sum(self._pool.map(self._apply, work))

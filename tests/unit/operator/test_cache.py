@@ -100,3 +100,23 @@ def test_a_valid_object_still_goes_in_next_to_an_unparsable_one() -> None:
     store.replace([obj("x", 3), obj("3", 3)], 3)
     store.apply(obj("4", 4))
     assert sorted(store.values()) == [3, 4]
+
+
+def test_the_same_version_again_keeps_the_parsed_object_and_is_not_parsed_again() -> None:
+    """A write's answer, then its watch event, then a relist: one version, parsed once, one object
+    (a pass tells by identity that nothing changed)."""
+    parsed: list[str] = []
+
+    def parse(raw: dict[str, Any]) -> dict[str, Any]:
+        parsed.append(raw["metadata"]["resourceVersion"])
+        return dict(raw)
+
+    store: Store[dict[str, Any]] = Store(parse)
+    store.apply(obj("a", 5))
+    [first] = store.values()
+    store.apply(obj("a", 5))
+    store.replace([obj("a", 5), obj("b", 6)], 6)
+    assert store.values()[0] is first
+    assert parsed == ["5", "6"]
+    store.apply(obj("a", 7))
+    assert store.values()[0] is not first and parsed == ["5", "6", "7"]

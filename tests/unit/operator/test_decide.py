@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+import pytest
 from ebbflow_api import contract
 from ebbflow_api.builders import JobBuilder
 from ebbflow_operator.allocator import PriorityFairShare
-from ebbflow_operator.decide import OperatorConfig, decide
-from ebbflow_operator.model import Job, Node, Pod
+from ebbflow_operator.decide import OperatorConfig, PassResult, PlanMemo, decide
+from ebbflow_operator.model import Job, JobKey, Node, Pod
 
-from tests.builders import make_job
+from tests.builders import make_job, make_node, make_rendezvous, make_worker
 
 NOW = 1_000_000.0
 
@@ -49,3 +53,109 @@ def test_a_deleted_worker_that_left_with_exit_0_does_not_end_the_job() -> None:
     (plan,) = result.plans
     assert plan.status["desiredReplicas"] == 3
     assert not [d for d in plan.delete if d.name in {"train-worker-0", "train-worker-2"}]
+
+
+# --- the plan memo -------------------------------------------------------------------------------
+
+SERVICES = {("ns", "a"): frozenset({"a-pods"}), ("ns", "b"): frozenset({"b-pods"})}
+POLICIES = {("ns", "a"): frozenset({"a-pods"}), ("ns", "b"): frozenset({"b-pods"})}
+
+
+@dataclass(frozen=True)
+class World:
+    nodes: list[Node]
+    pods: list[Pod]
+    jobs: list[Job]
+    services: Mapping[JobKey, frozenset[str]] = field(default_factory=lambda: SERVICES)
+
+
+def settled_world(b_status: dict[str, object] | None = None) -> tuple[list[Node], list[Pod], list[Job]]:
+    """Jobs a (2 workers) and b (2 workers) on two nodes, each status what a pass last wrote for
+    them, so the next pass has nothing to write."""
+    nodes = [make_node("n0", 2), make_node("n1", 2)]
+
+    def pods_of(j: Job, node: str) -> list[Pod]:
+        return [make_worker(j, 0, node), make_worker(j, 1, node), make_rendezvous(j, node)]
+
+    jobs = [make_job(JobBuilder(name).replicas(1, 2)) for name in ("a", "b")]
+    pods = [*pods_of(jobs[0], "n0"), *pods_of(jobs[1], "n1")]
+    first = decide_pass(nodes, pods, jobs)
+    statuses = {p.job.name: {**p.job.status.to_json(), **p.status_patch} for p in first.plans}
+    if b_status is not None:
+        statuses["b"] = {**statuses["b"], **b_status}
+    jobs = [make_job(JobBuilder(j.name).replicas(1, 2), status=statuses[j.name]) for j in jobs]
+    pods = [*pods_of(jobs[0], "n0"), *pods_of(jobs[1], "n1")]
+    return nodes, pods, jobs
+
+
+def decide_in(world: World, memo: PlanMemo | None = None) -> PassResult:
+    config, policy = OperatorConfig(), PriorityFairShare()
+    return decide(world.nodes, world.pods, world.jobs, world.services, POLICIES, NOW, config, policy, memo)
+
+
+def decide_pass(
+    nodes: list[Node], pods: list[Pod], jobs: list[Job], memo: PlanMemo | None = None
+) -> PassResult:
+    return decide(nodes, pods, jobs, SERVICES, POLICIES, NOW, OperatorConfig(), PriorityFairShare(), memo)
+
+
+def test_a_pass_over_the_same_objects_reuses_the_plans_that_wrote_nothing() -> None:
+    nodes, pods, jobs = settled_world()
+    first = decide_pass(nodes, pods, jobs)
+    assert not any(p.has_work for p in first.plans)
+    assert set(first.memo) == {("ns", "a"), ("ns", "b")}
+    again = decide_pass(nodes, pods, jobs, first.memo)
+    assert all(new is old for new, old in zip(again.plans, first.plans, strict=True))
+
+
+def test_a_changed_pod_replans_its_job_alone_as_a_fresh_pass_would() -> None:
+    nodes, pods, jobs = settled_world()
+    first = decide_pass(nodes, pods, jobs)
+    failed = replace(pods[0], phase="Failed", ready=False)  # a's worker 0
+    changed = [failed, *pods[1:]]
+    memoised, fresh = decide_pass(nodes, changed, jobs, first.memo), decide_pass(nodes, changed, jobs)
+    assert memoised.plans == fresh.plans
+    a_plan, b_plan = memoised.plans
+    assert a_plan is not first.plans[0] and a_plan.has_work  # the failure is noticed
+    assert b_plan is first.plans[1]
+    assert ("ns", "a") not in memoised.memo
+
+
+@pytest.mark.parametrize(
+    ("change", "reused"),
+    [
+        pytest.param(lambda w: w, True, id="nothing"),
+        pytest.param(
+            lambda w: replace(w, nodes=[replace(w.nodes[0]), w.nodes[1]]), False, id="node-a-new-version"
+        ),
+        pytest.param(
+            lambda w: replace(w, jobs=[replace(w.jobs[0]), w.jobs[1]]), False, id="job-a-new-version"
+        ),
+        pytest.param(lambda w: replace(w, services={}), False, id="services-gone"),
+    ],
+)
+def test_any_new_object_or_value_replans(change: Callable[[World], World], reused: bool) -> None:
+    world = World(*settled_world())
+    first = decide_pass(world.nodes, world.pods, world.jobs)
+    after = change(world)
+    memoised, fresh = decide_in(after, first.memo), decide_in(after)
+    assert memoised.plans == fresh.plans
+    assert (memoised.plans[0] is first.plans[0]) is reused
+
+
+@pytest.mark.parametrize(
+    ("b_status", "b_pods"),
+    [
+        pytest.param({"holdReplicas": 1, "holdUntil": "2099-01-01T00:00:00Z"}, None, id="hold-in-force"),
+        pytest.param(None, "unscheduled", id="a-pod-not-yet-scheduled"),
+    ],
+)
+def test_plans_that_wait_on_the_clock_are_not_remembered(
+    b_status: dict[str, object] | None, b_pods: str | None
+) -> None:
+    nodes, pods, jobs = settled_world(b_status)
+    if b_pods == "unscheduled":
+        pods = [*pods, make_worker(jobs[1], 2, node=None, phase="Pending")]
+    result = decide_pass(nodes, pods, jobs)
+    assert ("ns", "b") not in result.memo
+    assert ("ns", "a") in result.memo
