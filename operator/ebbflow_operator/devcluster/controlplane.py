@@ -39,6 +39,8 @@ STAGES_DIR = Path(__file__).parent / "stages"
 REQUIRED_TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 ADMIN_USER = "ebbflow-admin"
+NODE_LEASE_SECONDS = 40  # a kubelet's default
+NODE_MONITOR_GRACE_SECONDS = 180  # long: see _controller_manager_args
 
 
 class ControlPlaneError(RuntimeError):
@@ -170,10 +172,12 @@ def missing_tools(tools_bin: Path = DEFAULT_TOOLS_BIN) -> list[str]:
 
 @contextlib.contextmanager
 def running_control_plane(
-    workdir: Path | None = None, tools_bin: Path = DEFAULT_TOOLS_BIN
+    workdir: Path | None = None,
+    tools_bin: Path = DEFAULT_TOOLS_BIN,
+    node_lease_seconds: int = NODE_LEASE_SECONDS,
 ) -> Iterator[ControlPlane]:
     """Context manager: a started control plane, stopped on exit whatever happens inside."""
-    plane = start_control_plane(workdir=workdir, tools_bin=tools_bin)
+    plane = start_control_plane(workdir=workdir, tools_bin=tools_bin, node_lease_seconds=node_lease_seconds)
     try:
         yield plane
     finally:
@@ -191,9 +195,23 @@ class _Ports:
 
 
 def start_control_plane(
-    workdir: Path | None = None, tools_bin: Path = DEFAULT_TOOLS_BIN, timeout: float = 60.0
+    workdir: Path | None = None,
+    tools_bin: Path = DEFAULT_TOOLS_BIN,
+    timeout: float = 60.0,
+    node_lease_seconds: int = NODE_LEASE_SECONDS,
 ) -> ControlPlane:
-    """Starts every component and waits until the API serves and the controllers run."""
+    """Starts every component and waits until the API serves and the controllers run.
+
+    `node_lease_seconds`: the fake nodes' Lease duration; KWOK renews each Lease every quarter of
+    it, as a kubelet does, so thousands of fake nodes cost the API server thousands of writes a
+    minute. It must stay under four times the node-monitor grace period (180 s) or the nodes go
+    NotReady."""
+    longest = 4 * NODE_MONITOR_GRACE_SECONDS - 1
+    if not 0 < node_lease_seconds <= longest:
+        raise ValueError(
+            f"node_lease_seconds={node_lease_seconds}: KWOK renews every quarter of it, which must come "
+            f"within the {NODE_MONITOR_GRACE_SECONDS} s grace period; pass 1 to {longest}"
+        )
     missing = missing_tools(tools_bin)
     if missing:
         raise ControlPlaneError(
@@ -211,7 +229,7 @@ def start_control_plane(
     (root / "tokens.csv").write_text(f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
     plane = ControlPlane(root, kubeconfig, server, token, remove_workdir=remove_workdir)
     try:
-        _start_components(plane, tools_bin, ports, pki, time.monotonic() + timeout)
+        _start_components(plane, tools_bin, ports, pki, time.monotonic() + timeout, node_lease_seconds)
     except BaseException:
         plane.stop()
         raise
@@ -219,7 +237,7 @@ def start_control_plane(
 
 
 def _start_components(
-    plane: ControlPlane, tools_bin: Path, ports: _Ports, pki: _Pki, deadline: float
+    plane: ControlPlane, tools_bin: Path, ports: _Ports, pki: _Pki, deadline: float, node_lease_seconds: int
 ) -> None:
     """etcd, then the API server, then the controllers and KWOK; each awaited before what needs it."""
     root, server, token = plane.workdir, plane.server, plane.token
@@ -230,7 +248,7 @@ def _start_components(
     _await(plane, deadline, "kube-apiserver ready", lambda: _api_ok(server, token, pki.ca_cert))
     start("kube-controller-manager", _controller_manager_args(plane.kubeconfig, ports, pki))
     start("kube-scheduler", _scheduler_args(plane.kubeconfig, ports))
-    start("kwok", _kwok_args(plane.kubeconfig, ports))
+    start("kwok", _kwok_args(plane.kubeconfig, ports, node_lease_seconds))
     for name, port in (
         ("kube-controller-manager", ports.controller_manager),
         ("kube-scheduler", ports.scheduler),
@@ -302,7 +320,7 @@ def _controller_manager_args(kubeconfig: Path, ports: _Ports, pki: _Pki) -> list
         # A deliberate API server outage (ControlPlane.apiserver_down) plus the minute client-go may
         # take to re-watch must not mark every KWOK node NotReady: its pods would stay unready for
         # good, since KWOK's pod stage, unlike a kubelet, never makes a running pod ready again.
-        "--node-monitor-grace-period=180s",
+        f"--node-monitor-grace-period={NODE_MONITOR_GRACE_SECONDS}s",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
     ]
 
@@ -311,14 +329,14 @@ def _scheduler_args(kubeconfig: Path, ports: _Ports) -> list[str]:
     return _client_args(kubeconfig, ports.scheduler)
 
 
-def _kwok_args(kubeconfig: Path, ports: _Ports) -> list[str]:
+def _kwok_args(kubeconfig: Path, ports: _Ports, node_lease_seconds: int) -> list[str]:
     return [
         f"--kubeconfig={kubeconfig}",
         "--manage-all-nodes=false",
         "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
         "--manage-nodes-with-label-selector=",
         f"--server-address=127.0.0.1:{ports.kwok}",
-        "--node-lease-duration-seconds=40",
+        f"--node-lease-duration-seconds={node_lease_seconds}",
         "--cidr=10.244.0.0/16",
         "--node-ip=10.0.0.1",
         f"--config={STAGES_DIR / 'nodes.yaml'}",
