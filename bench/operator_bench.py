@@ -69,11 +69,12 @@ class JobStatuses:
     def __init__(self, custom: client.CustomObjectsApi) -> None:
         self._custom = custom
         self.by_name: dict[str, dict[str, Any]] = {}
+        self.stopped = threading.Event()  # set before the control plane stops
         threading.Thread(target=self._follow, name="job-statuses", daemon=True).start()
 
     def _follow(self) -> None:
         resource = (contract.API_GROUP, contract.API_VERSION, NAMESPACE, contract.PLURAL)
-        while True:
+        while not self.stopped.is_set():
             listed = json.loads(
                 self._custom.list_namespaced_custom_object(*resource, _preload_content=False).data
             )
@@ -92,7 +93,8 @@ class JobStatuses:
                     elif event["type"] in ("ADDED", "MODIFIED"):
                         self.by_name[job["metadata"]["name"]] = job.get("status") or {}
             except Exception as error:  # e.g. 410 Gone (the version is too old) or a cut stream
-                print(f"job watch ended ({error!r}); relisting", flush=True)
+                if not self.stopped.is_set():
+                    print(f"job watch ended ({error!r}); relisting", flush=True)
 
 
 class Bench:
@@ -231,15 +233,12 @@ class Bench:
     def apiserver_writes(self) -> dict[str, float]:
         """Writes the API server has served so far, by resource, whoever made them (its own
         apiserver_request_total): what the operator competes with for the machine."""
-        response = self.api.call_api(
-            "/metrics",
-            "GET",
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _return_http_data_only=True,
+        method, url, headers, body, _ = self.api.param_serialize(
+            "GET", "/metrics", header_params={"Accept": "text/plain"}, auth_settings=["BearerToken"]
         )
+        response = self.api.call_api(method, url, headers, body)
         found: dict[str, float] = {}
-        for labels, value in samples(response.data.decode(), "apiserver_request_total"):
+        for labels, value in samples(response.read().decode(), "apiserver_request_total"):
             verb = labels.split('verb="')[1].split('"')[0]
             if verb in APISERVER_WRITE_VERBS and 'resource="' in labels:
                 resource = labels.split('resource="')[1].split('"')[0]
@@ -486,6 +485,7 @@ def main() -> None:
             results.update(burst(bench, args, port))
             results |= operator_totals(operator.pid, scrape(port))
         finally:
+            bench.statuses.stopped.set()
             operator.terminate()
             operator.wait(30)
     args.output.parent.mkdir(parents=True, exist_ok=True)
