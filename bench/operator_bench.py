@@ -184,14 +184,9 @@ class Bench:
         return jobs, pods
 
     def settled(self, expect_total: int, gone_node: str | None = None) -> bool:
-        """Cheap check while timing: no pod left on the deleted node, every job Running with
-        desired == replicas == ready in its status, `expect_total` workers in all."""
-        if gone_node:
-            on_node = raw_list(
-                self.core.list_namespaced_pod, NAMESPACE, field_selector=f"spec.nodeName={gone_node}"
-            )
-            if on_node:
-                return False
+        """Cheap check while timing: every job Running with desired == replicas == ready in its
+        status (from the watch), `expect_total` workers in all, and no pod left on the deleted
+        node (one indexed list, only once the statuses agree)."""
         statuses = list(self.statuses.by_name.values())
         total = 0
         for status in statuses:
@@ -201,7 +196,11 @@ class Bench:
             ):
                 return False
             total += desired
-        return bool(statuses) and total == expect_total
+        if not statuses or total != expect_total:
+            return False
+        return not gone_node or not raw_list(
+            self.core.list_namespaced_pod, NAMESPACE, field_selector=f"spec.nodeName={gone_node}"
+        )
 
     def consistent(self, expect_total: int) -> bool:
         """The full check: the jobs' status agrees with the worker pods that actually run."""
@@ -380,24 +379,27 @@ def steady_state(bench: Bench, args: argparse.Namespace, names: list[str], port:
     results["converge_jobs_s"] = round(time.monotonic() - started, 2)
     print(f"{args.jobs} jobs converged in {results['converge_jobs_s']} s", flush=True)
     latencies = []
+    timeline: list[dict[str, Any]] = []  # wall-clock times, to line up with the operator's log
     for number, node in enumerate(names[: args.deletions], start=1):
         time.sleep(1)  # pacing, not waiting: each deletion starts a second after the last settled
         expected = min(24 * args.jobs, (args.nodes - number) * 4)
-        started = time.monotonic()
+        started, deleted_at = time.monotonic(), time.time()
         delete_node(bench.core, node)
         wait_for(
             lambda node=node, expected=expected: bench.settled(expected, gone_node=node),
             120,
             f"resize after {node}",
-            interval=0.1,
+            interval=0.02,
         )
         latencies.append(time.monotonic() - started)
+        timeline.append({"node": node, "deleted_at": round(deleted_at, 3), "s": round(latencies[-1], 3)})
         wait_for(lambda expected=expected: bench.consistent(expected), 60, "pods agree with status")
         print(f"deleted {node}: resize applied in {latencies[-1]:.2f} s", flush=True)
     results["deletion_latency_p50_s"] = round(statistics.median(latencies), 3)
     results["deletion_latency_p95_s"] = round(percentile(latencies, 0.95), 3)
     results["deletion_latency_max_s"] = round(max(latencies), 3)
     results["operator_decision_latency"] = histogram_quantiles(scrape(port))
+    results["deletions_timeline"] = timeline
     return results
 
 
