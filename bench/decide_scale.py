@@ -3,6 +3,7 @@ API: how long one pass takes, and how that grows with nodes + pods.
 
     .venv/bin/python bench/decide_scale.py [--scales 100x500,300x1500,1000x5000] [--passes 5]
                                           [--policy fair|goodput|quality] [--profile 1000x5000]
+                                          [--state steady|starting]
 
 The observed state is the steady phase of the operator benchmark after convergence: JOBS jobs (min 2,
 max 24, 1 GPU per worker) on NODES nodes of 4 GPUs, every GPU held by a running, ready worker, each
@@ -10,6 +11,8 @@ job Running with a status that matches its pods, its rendezvous pod, Services an
 place: a pass that finds nothing to do, which is most passes (every watch event triggers one). Jobs
 and nodes go through the real parsing path (tests/builders.py). The fair policy decides by default;
 goodput and quality decide with no measurements yet (their priors), as after an operator restart.
+`--state starting` times the passes of a convergence instead: the same placement with every third
+worker bound but not yet running, so that every job has a status to write and no plan is reused.
 
 Prints the median pass time per scale (without a memo: the first pass after a relist; and with the
 previous pass's memo, `decide.PlanMemo`: a pass woken by an event that changed no job) and its
@@ -29,9 +32,11 @@ import pstats
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ebbflow_api import contract
 from ebbflow_api.builders import JobBuilder
 from ebbflow_operator import manifests
 from ebbflow_operator.allocator import Policy
@@ -71,6 +76,20 @@ def steady_state(jobs: int, nodes: int) -> tuple[list[Node], list[Pod], list[Job
     return node_list, pods, settled
 
 
+def starting_state(jobs: int, nodes: int) -> tuple[list[Node], list[Pod], list[Job]]:
+    """The steady placement while the workers start: every third worker bound to its node but not
+    running yet, what the passes of a convergence see (every job's ready count changes)."""
+    node_list, pods, job_list = steady_state(jobs, nodes)
+    starting = [
+        replace(p, phase="Pending", ready=False) if p.role == contract.ROLE_WORKER and i % 3 == 0 else p
+        for i, p in enumerate(pods)
+    ]
+    return node_list, starting, job_list
+
+
+STATES = {"steady": steady_state, "starting": starting_state}
+
+
 def _converged(jobs: int, nodes: int) -> tuple[list[Node], list[Pod], list[Job]]:
     node_list = [make_node(f"gpu-{n}", GPUS_PER_NODE) for n in range(nodes)]
     total = nodes * GPUS_PER_NODE
@@ -101,8 +120,8 @@ def children(jobs: list[Job]) -> tuple[dict[JobKey, frozenset[str]], dict[JobKey
     return services, policies
 
 
-def time_passes(jobs: int, nodes: int, passes: int, name: str) -> dict[str, Any]:
-    node_list, pods, job_list = steady_state(jobs, nodes)
+def time_passes(jobs: int, nodes: int, passes: int, name: str, state: str) -> dict[str, Any]:
+    node_list, pods, job_list = STATES[state](jobs, nodes)
     services, policies = children(job_list)
     config = OperatorConfig()
     seconds, remembered, work = [], [], 0
@@ -125,8 +144,8 @@ def time_passes(jobs: int, nodes: int, passes: int, name: str) -> dict[str, Any]
     }
 
 
-def profile(jobs: int, nodes: int, name: str, top: int = 25) -> str:
-    node_list, pods, job_list = steady_state(jobs, nodes)
+def profile(jobs: int, nodes: int, name: str, state: str, top: int = 25) -> str:
+    node_list, pods, job_list = STATES[state](jobs, nodes)
     services, policies = children(job_list)
     profiler = cProfile.Profile()
     profiler.enable()
@@ -151,20 +170,24 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--policy", default="fair", choices=POLICIES)
     parser.add_argument("--profile", default="", help="JOBSxNODES to profile one pass of")
+    parser.add_argument("--state", default="steady", choices=sorted(STATES))
     args = parser.parse_args()
     rows = []
     for scale in args.scales.split(","):
         jobs, nodes = (int(part) for part in scale.split("x"))
-        rows.append(time_passes(jobs, nodes, args.passes, args.policy))
+        rows.append(time_passes(jobs, nodes, args.passes, args.policy, args.state))
         print(json.dumps(rows[-1]), flush=True)
-    found: dict[str, Any] = {"policy": args.policy, "runs": rows}
+    found: dict[str, Any] = {"policy": args.policy, "state": args.state, "runs": rows}
     if len(rows) > 1:
         found["growth"] = round(slope([r["objects"] for r in rows], [r["pass_median_s"] for r in rows]), 2)
         print(f"growth of a pass against nodes + pods: {found['growth']} (1: linear, 2: quadratic)")
     if args.profile:
         jobs, nodes = (int(part) for part in args.profile.split("x"))
-        print(profile(jobs, nodes, args.policy))
-    (REPO / "bench" / "results" / f"decide_scale_{args.policy}.json").write_text(json.dumps(found, indent=2))
+        print(profile(jobs, nodes, args.policy, args.state))
+    suffix = "" if args.state == "steady" else f"_{args.state}"
+    (REPO / "bench" / "results" / f"decide_scale_{args.policy}{suffix}.json").write_text(
+        json.dumps(found, indent=2)
+    )
 
 
 if __name__ == "__main__":
