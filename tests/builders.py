@@ -47,9 +47,11 @@ def make_worker(
     node: str | None = "od-0",
     phase: str = "Running",
     age: float = 100,
+    refused: float | None = None,
     **fields: Any,
 ) -> Pod:
-    """One of `job`'s worker pods; ready when running on a node unless told otherwise."""
+    """One of `job`'s worker pods; ready when running on a node unless told otherwise. `refused`:
+    seconds since the scheduler started refusing it (None: it has not refused it)."""
     values: dict[str, Any] = {
         "name": f"{job.name}-worker-{index}",
         "namespace": job.namespace,
@@ -61,6 +63,7 @@ def make_worker(
         "phase": phase,
         "gpus": job.gpus_per_worker,
         "created": NOW - age,
+        "refused_since": None if refused is None else NOW - refused,
         "ready": phase == "Running" and node is not None,
     }
     values.update(fields)

@@ -64,7 +64,7 @@ _TIMERS = (
         "--pending-timeout",
         "PENDING_TIMEOUT",
         _PLANNER.pending_timeout,
-        "seconds a worker may stay unscheduled before it is withdrawn",
+        "seconds the scheduler may refuse a worker before it is withdrawn",
     ),
     (
         "--pending-hold",

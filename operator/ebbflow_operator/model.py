@@ -104,6 +104,9 @@ class Pod:
     role: str | None = None  # LABEL_ROLE
     owner_uid: str | None = None  # controller owner reference
     node: str | None = None  # spec.nodeName: None while unscheduled
+    # Since when the scheduler has found no node for it (PodScheduled False, reason Unschedulable);
+    # None while it has not tried: a pod queued behind thousands of others is not refused.
+    refused_since: float | None = None
     phase: str = "Pending"
     gpus: int = 0
     created: float = 0.0
@@ -241,6 +244,7 @@ def parse_pod(raw: Mapping[str, Any]) -> Pod:
         role=labels.get(contract.LABEL_ROLE),
         owner_uid=owner.get("uid") if owner else None,
         node=spec.get("nodeName") or None,
+        refused_since=_refused_since(conditions),
         phase=status.get("phase") or "Pending",
         gpus=_pod_gpus(spec),
         created=parse_time(metadata.get("creationTimestamp")) or 0.0,
@@ -254,6 +258,19 @@ def parse_pod(raw: Mapping[str, Any]) -> Pod:
         global_batch=annotations.get(contract.ANNOTATION_GLOBAL_BATCH_SIZE),
         memory_budget=annotations.get(contract.ANNOTATION_MEMORY_BUDGET),
     )
+
+
+def _refused_since(conditions: list[Mapping[str, Any]]) -> float | None:
+    """When the scheduler started refusing the pod: the kube-scheduler sets PodScheduled False with
+    reason Unschedulable after it tried every node, and keeps the transition time while it retries."""
+    for condition in conditions:
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
+            return parse_time(condition.get("lastTransitionTime")) or 0.0
+    return None
 
 
 def _toleration(raw: Mapping[str, Any]) -> Toleration:

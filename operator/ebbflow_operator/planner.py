@@ -12,7 +12,7 @@ frozen values the steps before it returned:
     classify                 workers -> active, lost (and why), failed, succeeded, being taken
     end_of_job               exits -> Failed (a fatal exit code's reason, TooManyFailures) or
                              Succeeded; clean-up
-    pending_timeout          workers unscheduled for too long -> withdrawn, and a hold on the size
+    pending_timeout          workers the scheduler refused for too long -> withdrawn, and a hold
     target_size              allocator's size, hold, spec.replicas.min -> how many workers to have
     resize                   the scale-down's `victims` or the policy's `movers`, `new_workers`,
                              the world generation
@@ -85,7 +85,7 @@ class RescaleReason(StrEnum):
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    pending_timeout: float = 120.0  # seconds a worker may stay unscheduled before it is withdrawn
+    pending_timeout: float = 120.0  # seconds the scheduler may refuse a worker before it is withdrawn
     hold_seconds: float = 300.0  # after a withdrawal the job grows no further for this long
 
 
@@ -472,17 +472,27 @@ def clean_up(job: Job, workers: Sequence[Pod], done: Set[str]) -> tuple[Deletion
 def pending_timeout(
     job: Job, active: Sequence[Pod], ended: bool, now: float, config: PlannerConfig
 ) -> Timeout:
-    """Withdraws workers the scheduler has not placed within the pending timeout and holds the job at
-    the size it did get, so the allocator stops offering GPUs the scheduler refuses (e.g. for CPU)."""
+    """Withdraws workers the scheduler has refused for longer than the pending timeout and holds the
+    job at the size it did get, so the allocator stops offering GPUs the scheduler refuses (e.g. for
+    CPU). A worker still waiting for the scheduler's first attempt is not stuck: at thousands of new
+    pods the queue alone can outlast the timeout, and withdrawing them made jobs shrink and regrow."""
     hold = current_hold(job, now)
     limit = config.pending_timeout
-    stuck = () if ended else tuple(p for p in active if p.node is None and now - p.created > limit)
+    stuck = (
+        ()
+        if ended
+        else tuple(
+            p
+            for p in active
+            if p.node is None and p.refused_since is not None and now - p.refused_since > limit
+        )
+    )
     if not stuck:
         return Timeout(tuple(active), hold=hold)
     staying = tuple(p for p in active if p not in stuck)
     hold = Hold(sum(p.node is not None for p in staying), now + config.hold_seconds)
     message = (
-        f"withdrew {len(stuck)} worker(s) unscheduled for over {config.pending_timeout:.0f}s "
+        f"withdrew {len(stuck)} worker(s) the scheduler refused for over {config.pending_timeout:.0f}s "
         f"({', '.join(p.name for p in stuck)}); at most {hold.replicas} until {format_time(hold.until)}"
     )
     return Timeout(staying, stuck, hold, Report((Event("Warning", "WorkersWithdrawn", message),)))

@@ -29,6 +29,7 @@ from ebbflow_operator.model import (
     parse_node,
     parse_pod,
     parse_progress,
+    parse_time,
 )
 
 from tests.builders import NOW, make_job
@@ -185,6 +186,32 @@ def test_parse_pod_termination_message(statuses: list[Json], expected: tuple[int
 )
 def test_parse_pod_disruption(status: Json, disruption: str | None) -> None:
     assert parse_pod(raw_pod(status=status)).disruption == disruption
+
+
+# --- parse_pod: the scheduler's refusal ------------------------------------------------------------
+
+REFUSED_AT = "2026-11-26T11:00:00Z"
+
+
+def pod_scheduled(status: str, reason: str | None) -> Json:
+    return {"type": "PodScheduled", "status": status, "reason": reason, "lastTransitionTime": REFUSED_AT}
+
+
+@pytest.mark.parametrize(
+    ("conditions", "refused"),
+    [
+        pytest.param([], False, id="not-tried-yet"),
+        pytest.param([pod_scheduled("False", "Unschedulable")], True, id="refused"),
+        pytest.param([pod_scheduled("True", None)], False, id="scheduled"),
+        pytest.param([pod_scheduled("False", "SchedulingGated")], False, id="gated-is-not-refused"),
+        pytest.param(
+            [{"type": "Ready", "status": "False", "reason": "Unschedulable"}], False, id="other-type"
+        ),
+    ],
+)
+def test_parse_pod_refused_since(conditions: list[Json], refused: bool) -> None:
+    pod = parse_pod(raw_pod(status={"phase": "Pending", "conditions": conditions}))
+    assert pod.refused_since == (parse_time(REFUSED_AT) if refused else None)
 
 
 # --- parse_pod: GPUs -----------------------------------------------------------------------------

@@ -225,7 +225,11 @@ def test_below_min_the_job_waits_with_a_reason() -> None:
 
 
 def test_pending_timeout_withdraws_and_holds_the_size() -> None:
-    pods = [worker(0), worker(1, None, phase="Pending", age=61), worker(2, None, phase="Pending", age=5)]
+    pods = [
+        worker(0),
+        worker(1, None, phase="Pending", age=61, refused=61),
+        worker(2, None, phase="Pending", age=5),
+    ]
     result = plan(job(lo=1, status=running_status(pods, 3)), pods, 3)
     assert [d.name for d in result.delete][:1] == ["j-worker-1"]
     assert result.status["holdReplicas"] == 1

@@ -551,14 +551,28 @@ HELD = {"holdReplicas": 2, "holdUntil": format_time(NOW + 100)}
         ),
         pytest.param(
             {},
-            [worker(0, None, "Pending", age=60)],
+            [worker(0, None, "Pending", age=60, refused=60)],
             False,
             {"active": ["j-worker-0"]},
             id="at-the-limit-not-yet",
         ),
         pytest.param(
             {},
-            [worker(0), worker(1, None, "Pending", age=61), worker(2, None, "Pending", age=5)],
+            [worker(0, None, "Pending", age=500)],
+            False,
+            {"active": ["j-worker-0"]},
+            id="queued-for-the-scheduler-however-long-not-stuck",
+        ),
+        pytest.param(
+            {},
+            [worker(0, None, "Pending", age=500, refused=5)],
+            False,
+            {"active": ["j-worker-0"]},
+            id="refused-only-lately-not-yet",
+        ),
+        pytest.param(
+            {},
+            [worker(0), worker(1, None, "Pending", age=61, refused=61), worker(2, None, "Pending", age=5)],
             False,
             {
                 "active": ["j-worker-0", "j-worker-2"],
@@ -570,7 +584,7 @@ HELD = {"holdReplicas": 2, "holdUntil": format_time(NOW + 100)}
         ),
         pytest.param(
             {},
-            [worker(0, None, "Pending", age=500)],
+            [worker(0, None, "Pending", age=500, refused=500)],
             True,
             {"active": ["j-worker-0"]},
             id="ended-withdraws-nothing",
@@ -587,7 +601,7 @@ HELD = {"holdReplicas": 2, "holdUntil": format_time(NOW + 100)}
         ),
         pytest.param(
             HELD,
-            [worker(0, None, "Pending", age=100)],
+            [worker(0, None, "Pending", age=100, refused=100)],
             False,
             {"stuck": ["j-worker-0"], "hold": Hold(0, NOW + 300), "events": ["WorkersWithdrawn"]},
             id="new-hold-replaces-old",
