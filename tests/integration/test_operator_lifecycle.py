@@ -72,7 +72,7 @@ def operator(
 def impatient_operator(
     control_plane: ControlPlane, namespace: str, gpu_nodes: GpuNodes, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
-    """For the pending-timeout tests: workers unscheduled for 4 s are withdrawn."""
+    """For the pending-timeout tests: workers the scheduler refused for 4 s are withdrawn."""
     yield from _operator(control_plane, namespace, gpu_nodes, tmp_path / "operator.log", 4)
 
 
@@ -221,7 +221,7 @@ def test_workers_pending_too_long_are_withdrawn_and_the_job_shrinks(
     assert current["holdReplicas"] == 1 and current["lastRescale"]["reason"] == "PendingTimeout"
     assert current["lastRescale"]["to"] == 1
     [event, *_] = events(kube, namespace, "cpu-bound", "WorkersWithdrawn")
-    assert "unscheduled" in event.message
+    assert "the scheduler refused" in event.message
 
 
 def test_job_that_cannot_reach_min_within_the_pending_timeout_waits(
