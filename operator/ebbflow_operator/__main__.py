@@ -126,6 +126,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="port of kopf's liveness endpoint /healthz (on --metrics-address); 0 turns it off "
         "(default 8081)",
     )
+    parser.add_argument(
+        "--max-writes-per-pass",
+        type=_at_least_one,
+        default=_at_least_one(_env("MAX_WRITES_PER_PASS", str(_OPERATOR.max_writes_per_pass))),
+        help="API writes one pass applies at most; the other jobs' plans wait for the next pass, which "
+        f"runs at once (default {_OPERATOR.max_writes_per_pass}; env {ENV_PREFIX}MAX_WRITES_PER_PASS)",
+    )
     parser.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     parser.add_argument(
         "--trainer-service-account",
@@ -148,6 +155,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     _election_arguments(parser)
     return parser.parse_args(argv)
+
+
+def _at_least_one(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
 
 
 def _boolean(text: str) -> bool:
@@ -225,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         planner=PlannerConfig(pending_timeout=args.pending_timeout, hold_seconds=args.pending_hold),
         resync_interval=args.resync_interval,
         relist_interval=args.relist_interval,
+        max_writes_per_pass=args.max_writes_per_pass,
         trainer_service_accounts=dict(args.trainer_service_account),
         policy=args.policy,
     )

@@ -38,6 +38,7 @@ class OperatorConfig:
     relist_interval: float = 60.0  # full lists at least this often (the cache is fed by watches)
     debounce: float = 0.05  # gather a burst of watch events into one pass
     write_concurrency: int = 8
+    max_writes_per_pass: int = 500  # the rest waits for the next pass (this_pass)
     # ServiceAccount of workers whose template names none, by namespace ("" = every namespace).
     trainer_service_accounts: Mapping[str, str] = field(default_factory=dict)
     policy: str = "fair"  # who gets a freed GPU: policies.POLICIES
@@ -143,6 +144,24 @@ def decide(
         plans.append(plan)
     used = sum(p.gpus for p in pods if p.holds_gpus and p.node in capacity.free)
     return PassResult(tuple(plans), capacity.total, max(0, capacity.total - used), remembered)
+
+
+def this_pass(plans: Sequence[Plan], max_writes: int) -> tuple[list[Plan], list[Plan]]:
+    """The plans with work that this pass applies, and those left for the next pass.
+
+    Applying is bounded so that one pass cannot hold the loop for minutes (a first pass over 1,000
+    new jobs would create 20,000 pods; at the API server's 30-100 writes/s on a small control plane
+    a lost node would wait that long): plans are taken whole, those with deletions first (they
+    answer losses and free GPUs for the others), then in the jobs' order, until `max_writes` is
+    reached; the first is always taken. What is left is planned afresh by the next pass, which
+    runs at once (plans are level-triggered: nothing is lost by deferring one)."""
+    work = sorted((p for p in plans if p.has_work), key=lambda p: not p.delete)
+    taken, writes = 0, 0
+    for plan in work:
+        if taken and writes + plan.writes > max_writes:
+            break
+        taken, writes = taken + 1, writes + plan.writes
+    return work[:taken], work[taken:]
 
 
 def _plan_inputs(job: Job, observed: Observed) -> PlanInputs:

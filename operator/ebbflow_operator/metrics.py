@@ -74,6 +74,11 @@ class Metrics:
             ["verb", "resource"],
             registry=r,
         )
+        self.deferred_plans = Counter(
+            "ebbflow_deferred_plans",
+            "Jobs' plans a pass left for the next one (over --max-writes-per-pass).",
+            registry=r,
+        )
         self.reconcile_errors = Counter("ebbflow_reconcile_errors", "Failed passes or writes.", registry=r)
         self.gpus = Gauge("ebbflow_cluster_gpus", "GPUs on usable selected nodes.", ["state"], registry=r)
         self.leader = Gauge(

@@ -145,16 +145,21 @@ class Plan:
     @property
     def has_work(self) -> bool:
         """Whether applying the plan writes anything (most passes leave most jobs alone)."""
-        return bool(
-            self.status_patch
-            or self.delete
-            or self.create_workers
-            or self.create_rendezvous_pod
-            or self.create_service
-            or self.create_network_policy
-            or self.update_global_batch
-            or self.update_memory_budget
-            or self.events
+        return self.writes > 0
+
+    @property
+    def writes(self) -> int:
+        """The API writes applying the plan takes (events included)."""
+        return (
+            bool(self.status_patch)
+            + len(self.delete)
+            + len(self.create_workers)
+            + self.create_rendezvous_pod
+            + self.create_service
+            + self.create_network_policy
+            + len(self.update_global_batch)
+            + len(self.update_memory_budget)
+            + len(self.events)
         )
 
 

@@ -28,7 +28,7 @@ from ebbflow_api import contract
 from . import manifests
 from .allocator import Policy, PriorityFairShare
 from .cache import Store
-from .decide import OperatorConfig, PassResult, PlanMemo, decide
+from .decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
 from .errors import KubeError
 from .history import History, node_devices
 from .metrics import JobSample, Metrics
@@ -196,7 +196,7 @@ class Reconciler:
         result = decide(nodes, pods, jobs, services, network_policies, when, self.config, policy, self._memo)
         self._memo = result.memo
         decided = time.monotonic()
-        work = [p for p in result.plans if p.has_work]
+        work, later = this_pass(result.plans, self.config.max_writes_per_pass)
         failures = sum(self._pool.map(self._apply, work))
         applied = time.monotonic()
         for part, seconds in (("observe", observed - started), ("decide", decided - observed)):
@@ -204,21 +204,26 @@ class Reconciler:
         self.metrics.pass_seconds.labels("apply").observe(applied - decided)
         if work:
             log.info(
-                "pass: %d nodes, %d pods, %d jobs, %d changed; observe %.3fs, decide %.3fs, apply %.3fs",
+                "pass: %d nodes, %d pods, %d jobs, %d changed, %d left for the next pass; "
+                "observe %.3fs, decide %.3fs, apply %.3fs",
                 len(nodes),
                 len(pods),
                 len(jobs),
                 len(work),
+                len(later),
                 observed - started,
                 decided - observed,
                 applied - decided,
             )
+        if later:
+            self.metrics.deferred_plans.inc(len(later))
+            self._wake.set()
         if failures:
             self.metrics.reconcile_errors.inc(failures)
         self.metrics.gpus.labels("total").set(result.total_gpus)
         self.metrics.gpus.labels("free").set(result.free_gpus)
         self.metrics.record_jobs(_job_sample(p) for p in result.plans)
-        for plan in result.plans:
+        for plan in work:
             if plan.rescale_reason:
                 self.metrics.rescales.labels(plan.rescale_reason).inc()
             if plan.preemptions:

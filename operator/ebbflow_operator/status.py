@@ -29,42 +29,35 @@ class ConditionUpdate:
     message: str
 
 
-def set_condition(
-    conditions: Iterable[Condition],
-    type_: str,
-    status: bool,
-    reason: str,
-    message: str,
-    generation: int,
-    now: str,
-) -> tuple[Condition, ...]:
-    """Replaces (or adds) one condition; lastTransitionTime moves only when the status flips."""
-    value = ConditionStatus.TRUE if status else ConditionStatus.FALSE
-    existing = {c.type: c for c in conditions}
-    previous = existing.get(type_)
-    since = previous.last_transition_time if previous and previous.status == value else now
-    existing[type_] = Condition(
-        type=type_,
-        status=value,
-        reason=reason,
-        message=message,
-        observed_generation=generation,
-        last_transition_time=since,
-    )
-    order = {name: i for i, name in enumerate(CONDITION_ORDER)}
-    return tuple(sorted(existing.values(), key=lambda c: (order.get(c.type, len(order)), c.type)))
-
-
 def set_conditions(
     conditions: Iterable[Condition], updates: Iterable[ConditionUpdate], generation: int, now: str
 ) -> tuple[Condition, ...]:
-    """Applies each update in turn (see `set_condition`)."""
-    result = tuple(conditions)
+    """Sets each update's condition (replaced or added), a later update of a type winning, and
+    returns them in CONDITION_ORDER (then by type). lastTransitionTime moves only when the status
+    differs from the one in `conditions`: what the API holds, not an update earlier in the list.
+    """
+    before = {c.type: c for c in conditions}
+    existing = dict(before)
     for update in updates:
-        result = set_condition(
-            result, update.type, update.status, update.reason, update.message, generation, now
+        value = ConditionStatus.TRUE if update.status else ConditionStatus.FALSE
+        previous = before.get(update.type)
+        since = previous.last_transition_time if previous and previous.status == value else now
+        existing[update.type] = Condition(
+            type=update.type,
+            status=value,
+            reason=update.reason,
+            message=update.message,
+            observed_generation=generation,
+            last_transition_time=since,
         )
-    return result
+    return tuple(sorted(existing.values(), key=_condition_rank))
+
+
+_RANK = {name: i for i, name in enumerate(CONDITION_ORDER)}
+
+
+def _condition_rank(condition: Condition) -> tuple[int, str]:
+    return _RANK.get(condition.type, len(_RANK)), condition.type
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> Json:

@@ -80,6 +80,7 @@ trainer.rbac.namespaces, or else the release namespace plus watchNamespaces.
 - {{ printf "--pending-hold=%v" $operator.pendingHold | quote }}
 - {{ printf "--resync-interval=%v" $operator.resyncInterval | quote }}
 - {{ printf "--relist-interval=%v" $operator.relistInterval | quote }}
+- {{ printf "--max-writes-per-pass=%v" $operator.maxWritesPerPass | quote }}
 - {{ printf "--metrics-address=%s" $operator.metricsAddress | quote }}
 - {{ printf "--metrics-port=%v" $operator.metricsPort | quote }}
 - {{ printf "--health-port=%v" $operator.healthPort | quote }}

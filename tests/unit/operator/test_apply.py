@@ -207,6 +207,23 @@ def test_a_failed_status_write_is_counted_and_stops_the_pass_for_that_job() -> N
     assert sample(metrics, "ebbflow_reconcile_errors_total") == 1
 
 
+def test_a_pass_applies_at_most_its_write_budget_and_wakes_the_next() -> None:
+    """Three new jobs, each a status write, a NetworkPolicy, a rendezvous pod and a Service (4
+    writes): a budget of 9 applies two whole plans, counts the third as deferred and wakes the loop
+    so the next pass applies it."""
+    metrics = Metrics()
+    cluster = FakeCluster()
+    cluster.jobs = [raw_job(name) for name in ("a", "b", "c")]
+    loop = Reconciler(cluster, OperatorConfig(max_writes_per_pass=9), metrics)
+    loop.relist()
+    loop.run_pass(now=NOW)
+    statuses = [name for operation, name in cluster.calls if operation == "patch_job_status"]
+    assert sorted(statuses) == ["a", "b"]
+    assert len(cluster.calls) == 8
+    assert sample(metrics, "ebbflow_deferred_plans_total") == 1
+    assert loop._wake.is_set()
+
+
 def test_the_cache_counts_unparsable_objects_in_metrics() -> None:
     metrics = Metrics()
     loop = reconciler(FakeCluster(), metrics)

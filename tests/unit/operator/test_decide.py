@@ -9,8 +9,9 @@ import pytest
 from ebbflow_api import contract
 from ebbflow_api.builders import JobBuilder
 from ebbflow_operator.allocator import PriorityFairShare
-from ebbflow_operator.decide import OperatorConfig, PassResult, PlanMemo, decide
+from ebbflow_operator.decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
 from ebbflow_operator.model import Job, JobKey, Node, Pod
+from ebbflow_operator.planner import Deletion, Event, Plan
 
 from tests.builders import make_job, make_node, make_rendezvous, make_worker
 
@@ -159,3 +160,65 @@ def test_plans_that_wait_on_the_clock_are_not_remembered(
     result = decide_pass(nodes, pods, jobs)
     assert ("ns", "b") not in result.memo
     assert ("ns", "a") in result.memo
+
+
+# --- this_pass: the writes one pass applies ------------------------------------------------------
+
+
+def plan_of(name: str, creates: int = 0, deletes: int = 0, status: bool = True) -> Plan:
+    """A plan of `status` (1 write), `creates` workers and `deletes` deletions."""
+    return Plan(
+        job=make_job(JobBuilder(name).replicas(1, 24)),
+        status_patch={"replicas": creates} if status else {},
+        create_workers=tuple((i, 1) for i in range(creates)),
+        delete=tuple(Deletion(f"{name}-worker-{i}", f"uid-{i}", 0, "lost") for i in range(deletes)),
+    )
+
+
+IDLE = Plan(job=make_job(JobBuilder("idle").replicas(1, 2)))
+
+
+@pytest.mark.parametrize(
+    ("plans", "budget", "now", "later"),
+    [
+        pytest.param([plan_of("a", 3), plan_of("b", 3)], 8, ["a", "b"], [], id="all-fit"),
+        pytest.param([plan_of("a", 3), plan_of("b", 3), plan_of("c", 1)], 8, ["a", "b"], ["c"], id="cut"),
+        pytest.param([plan_of("a", 3), plan_of("b", 3)], 7, ["a"], ["b"], id="whole-plans-only"),
+        pytest.param([plan_of("a", 30), plan_of("b", 1)], 8, ["a"], ["b"], id="first-always-taken"),
+        pytest.param(
+            [plan_of("a", 5), plan_of("b", 1), plan_of("c", 1)], 8, ["a", "b"], ["c"], id="jobs-order-kept"
+        ),
+        pytest.param(
+            [plan_of("a", 4), plan_of("b", 4), plan_of("lost", 0, deletes=2)],
+            8,
+            ["lost", "a"],
+            ["b"],
+            id="deletions-first",
+        ),
+        pytest.param([plan_of("a", 0), plan_of("b", 0)], 1, ["a"], ["b"], id="a-status-is-a-write"),
+        pytest.param([IDLE, plan_of("a", 0), IDLE], 1, ["a"], [], id="plans-without-writes-left-out"),
+        pytest.param([IDLE], 1, [], [], id="nothing-to-do"),
+    ],
+)
+def test_this_pass(plans: list[Plan], budget: int, now: list[str], later: list[str]) -> None:
+    applied, deferred = this_pass(plans, budget)
+    assert ([p.job.name for p in applied], [p.job.name for p in deferred]) == (now, later)
+    assert sum(p.writes for p in applied) <= budget or len(applied) == 1
+
+
+@pytest.mark.parametrize(
+    ("plan", "writes"),
+    [
+        pytest.param(IDLE, 0, id="nothing"),
+        pytest.param(plan_of("a", 3, deletes=2), 6, id="status-creates-deletes"),
+        pytest.param(replace(IDLE, events=(Event("Normal", "Rescaled", "1 -> 2"),)), 1, id="an-event"),
+        pytest.param(
+            replace(IDLE, create_rendezvous_pod=True, create_service=True, create_network_policy=True),
+            3,
+            id="children",
+        ),
+    ],
+)
+def test_plan_writes(plan: Plan, writes: int) -> None:
+    assert plan.writes == writes
+    assert plan.has_work == (writes > 0)

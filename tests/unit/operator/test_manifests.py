@@ -564,6 +564,35 @@ def test_trainer_service_account_flag_refuses_bad_names(value: str) -> None:
         parse_args(["--trainer-service-account", value])
 
 
+@pytest.mark.parametrize(
+    ("argv", "environment", "expected"),
+    [
+        pytest.param([], "", 500, id="default"),
+        pytest.param([], "50", 50, id="environment"),
+        pytest.param(["--max-writes-per-pass", "2000"], "50", 2000, id="flag-over-environment"),
+    ],
+)
+def test_max_writes_per_pass_flag(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], environment: str, expected: int
+) -> None:
+    from ebbflow_operator.__main__ import parse_args
+
+    if environment:
+        monkeypatch.setenv("EBBFLOW_OPERATOR_MAX_WRITES_PER_PASS", environment)
+    assert parse_args(argv).max_writes_per_pass == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1.5", "many"])
+def test_max_writes_per_pass_flag_refuses_what_is_not_a_count(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ebbflow_operator.__main__ import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--max-writes-per-pass", value])
+    assert "--max-writes-per-pass" in capsys.readouterr().err
+
+
 # --- rendezvous_pod ------------------------------------------------------------------------------
 
 

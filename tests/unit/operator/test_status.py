@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
@@ -15,8 +15,9 @@ from ebbflow_operator.status import (
     READY,
     SCHEDULABLE,
     SUCCEEDED,
+    ConditionUpdate,
     merge_patch,
-    set_condition,
+    set_conditions,
 )
 
 Json = dict[str, Any]
@@ -103,7 +104,20 @@ def test_merge_patch_of_equal_documents_is_empty(status: Json) -> None:
     assert merge_patch(status, copy.deepcopy(status)) == {}
 
 
-# --- set_condition -------------------------------------------------------------------------------
+# --- set_conditions ------------------------------------------------------------------------------
+
+
+def set_condition(
+    conditions: Iterable[Condition],
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    now: str,
+) -> tuple[Condition, ...]:
+    """One update, the case most tables below check."""
+    return set_conditions(conditions, (ConditionUpdate(type_, status, reason, message),), generation, now)
 
 
 def condition(type_: str, status: bool, since: str = T0, reason: str = "R", generation: int = 1) -> Condition:
@@ -217,3 +231,18 @@ def test_set_condition_twice_is_stable() -> None:
         )
         == {}
     )
+
+
+def test_set_conditions_applies_every_update_and_the_last_of_a_type_wins() -> None:
+    existing = (condition(READY, True), condition(SCHEDULABLE, False))
+    updates = (
+        ConditionUpdate(SCHEDULABLE, True, "Allocated", "4 worker(s)"),
+        ConditionUpdate(READY, False, "First", "overridden"),
+        ConditionUpdate(READY, True, "MinimumAvailable", "2 of 4"),
+    )
+    result = set_conditions(existing, updates, 5, T1)
+    assert [(c.type, c.status, c.reason, c.last_transition_time, c.observed_generation) for c in result] == [
+        # Ready ends True as it began: the False update before it is not a transition.
+        (READY, ConditionStatus.TRUE, "MinimumAvailable", T0, 5),
+        (SCHEDULABLE, ConditionStatus.TRUE, "Allocated", T1, 5),
+    ]
