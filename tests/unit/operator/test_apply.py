@@ -3,12 +3,14 @@ Kubernetes API): the order a plan is applied in, and what a failed write stops."
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from ebbflow_api import contract
 from ebbflow_api.builders import JobBuilder
+from ebbflow_api.waiting import wait_for
 from ebbflow_operator import manifests
 from ebbflow_operator.decide import OperatorConfig
 from ebbflow_operator.errors import KubeError
@@ -222,6 +224,46 @@ def test_a_pass_applies_at_most_its_write_budget_and_wakes_the_next() -> None:
     assert len(cluster.calls) == 8
     assert sample(metrics, "ebbflow_deferred_plans_total") == 1
     assert loop._wake.is_set()
+
+
+class BlockedStatusWrites(FakeCluster):
+    """Status writes wait until `release` is set; lists are counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.node_lists = 0
+
+    def list_nodes(self) -> tuple[list[Json], int]:
+        self.node_lists += 1
+        return [], 1
+
+    def patch_job_status(self, namespace: str, name: str, patch: Json) -> Json | None:
+        self.release.wait(30)
+        return super().patch_job_status(namespace, name, patch)
+
+
+def test_full_lists_go_on_while_a_pass_is_writing() -> None:
+    """A pass stuck in its writes does not hold the periodic relists back (at 20,000 pods a list
+    took 30 s: in the loop, every pass waited for it)."""
+    cluster = BlockedStatusWrites()
+    cluster.jobs = [raw_job("train")]
+    loop = Reconciler(cluster, OperatorConfig(relist_interval=0.05, debounce=0.0), Metrics())
+    stop = threading.Event()
+    runner = threading.Thread(target=loop.run_forever, args=(stop,))
+    runner.start()
+    try:
+        loop.trigger()
+        wait_for(lambda: cluster.node_lists >= 1, 10, "the first list")
+        wait_for(lambda: cluster.node_lists >= 4, 10, "relists while the status write waits")
+        assert cluster.calls == []  # the pass is still in its first write
+    finally:
+        cluster.release.set()
+        stop.set()
+        loop.trigger()
+        runner.join(30)
+    assert not runner.is_alive()
+    assert ("patch_job_status", "train") in cluster.calls
 
 
 def test_the_cache_counts_unparsable_objects_in_metrics() -> None:
