@@ -173,8 +173,7 @@ class Reconciler:
                 self._wake.set()
                 continue
             self.metrics.decision_latency.observe(time.monotonic() - started)
-        self._pool.shutdown(wait=True)
-        relister.join()
+        self._pool.shutdown(wait=True)  # not the relister's list in flight: it is read-only
 
     def _relist_forever(self, stop: threading.Event) -> None:
         """A full list every relist interval, then a pass. Not in the loop: at 20,000 pods on a
