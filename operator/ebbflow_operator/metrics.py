@@ -68,6 +68,12 @@ class Metrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
             registry=r,
         )
+        self.relist_seconds = Histogram(
+            "ebbflow_relist_seconds",
+            "One periodic full list of nodes, pods, jobs, Services and NetworkPolicies.",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+            registry=r,
+        )
         self.api_requests = Counter(
             "ebbflow_api_requests",
             "Requests the operator made to the API server (lists, writes, the Lease; not kopf's watches).",

@@ -17,7 +17,7 @@ from ebbflow_operator.errors import KubeError
 from ebbflow_operator.metrics import Metrics
 from ebbflow_operator.model import Json, format_time
 from ebbflow_operator.planner import BatchUpdate, BudgetUpdate, Deletion, Event, Plan
-from ebbflow_operator.reconciler import Reconciler
+from ebbflow_operator.reconciler import RELIST_SHARE, Reconciler, relist_wait
 
 from tests.builders import NOW, make_job
 
@@ -264,6 +264,20 @@ def test_full_lists_go_on_while_a_pass_is_writing() -> None:
         runner.join(30)
     assert not runner.is_alive()
     assert ("patch_job_status", "train") in cluster.calls
+
+
+@pytest.mark.parametrize(
+    ("interval", "took", "wait"),
+    [
+        pytest.param(60, 0.2, 60, id="quick-list-keeps-the-interval"),
+        pytest.param(60, 3.0, 60, id="exactly-the-share"),
+        pytest.param(60, 30.0, 600, id="slow-list-stretches-the-wait"),
+        pytest.param(600, 2.0, 600, id="long-interval-untouched"),
+    ],
+)
+def test_relist_wait(interval: float, took: float, wait: float) -> None:
+    assert relist_wait(interval, took) == pytest.approx(wait)
+    assert took / (relist_wait(interval, took)) <= RELIST_SHARE + 1e-9
 
 
 def test_the_cache_counts_unparsable_objects_in_metrics() -> None:
