@@ -42,7 +42,11 @@ import yaml
 from ebbflow_api import contract, crd
 from ebbflow_api.builders import JobBuilder
 from ebbflow_api.waiting import wait_for
-from ebbflow_operator.devcluster.controlplane import NODE_LEASE_SECONDS, running_control_plane
+from ebbflow_operator.devcluster.controlplane import (
+    NODE_LEASE_SECONDS,
+    node_monitor_grace,
+    running_control_plane,
+)
 from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, delete_node
 from kubernetes import client, config, watch
 
@@ -472,6 +476,7 @@ def main() -> None:
         "burst": args.burst,
         "deletions": args.deletions,
         "node_lease_seconds": lease_seconds,
+        "node_monitor_grace_seconds": node_monitor_grace(lease_seconds),
     }
     with running_control_plane(node_lease_seconds=lease_seconds) as plane:
         bench = Bench(config.new_client_from_config(config_file=str(plane.kubeconfig)))
