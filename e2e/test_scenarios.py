@@ -25,6 +25,8 @@ from .jobs import JOB_DEADLINE_S
 FIGURES = REPO / ".cluster" / "e2e"
 # Whole-node workers (4 GPUs: 2 devices x 2 replicas) on the three kind workers, 12 virtual nodes.
 WHOLE_NODE = {"gpus": 4, "virtual_nodes": 12}
+# Steps for a job that must still be training when its scenario ends (hours at 0.03 s a virtual node).
+LONGER_THAN_THE_SCENARIO = 100_000
 
 
 def _record(scenario: str, figures: dict[str, Any]) -> None:
@@ -155,7 +157,13 @@ def test_the_job_keeps_training_when_its_rendezvous_node_is_lost(
 def test_a_higher_priority_job_takes_gpus_gracefully_and_gives_them_back(
     kind: Kind, namespace: str, operator: str
 ) -> None:
-    jobs.apply(kind, jobs.digits_job("low", 1, 3, steps=1500, vnode_seconds=0.03, priority=0, **WHOLE_NODE))
+    # The low job must outlive the whole scenario (the namespace fixture deletes it): at 1,500 steps it
+    # once finished on 1 or 2 workers, while the node the previous scenario gave back was not yet
+    # running pods, before the high job had taken its GPUs (a CI failure: desiredReplicas 0, Succeeded).
+    low_job = jobs.digits_job(
+        "low", 1, 3, steps=LONGER_THAN_THE_SCENARIO, vnode_seconds=0.03, priority=0, **WHOLE_NODE
+    )
+    jobs.apply(kind, low_job)
     wait_for(lambda: jobs.all_training_together(kind, "low", 3), 600, "the low-priority job on 3 workers")
     trio = max(w.generation for w in trainer_logs.worlds(_pod_logs(kind, "low")))
     jobs.apply(kind, jobs.digits_job("high", 1, 2, steps=200, vnode_seconds=0.03, priority=10, **WHOLE_NODE))
