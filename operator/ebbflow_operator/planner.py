@@ -95,6 +95,9 @@ class Deletion:
     uid: str
     grace_seconds: int
     reason: str
+    # The pod runs nowhere (its node is gone, or it failed): deleting it removes an API object, not
+    # a worker, so it does not keep the job from being Running (the resize lands in one pass).
+    runs_nowhere: bool = False
 
 
 @dataclass(frozen=True)
@@ -301,7 +304,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
     delete = (*seen.taken, *ending.delete, *timeout.delete, *sizing.delete, *support.delete)
     batch = global_batch(job, observed.global_batch, sizing.active, ended)
     budget = memory_budget(job, sizing.active, observed.nodes, ended)
-    settled = not delete and not sizing.create
+    settled = all(d.runs_nowhere for d in delete) and not sizing.create
     update = job_status(job, observed, seen, ending, timeout, sizing, settled, now, config)
     if batch.value is not None:
         update = replace(update, status={**update.status, "globalBatchSize": batch.value})
@@ -377,10 +380,11 @@ def _preemption(pod: Pod, nodes: Mapping[str, Node], job: Job) -> tuple[str, Del
     being evicted by a NoExecute taint gets its leave grace to hand its state over."""
     if pod.phase == "Failed":
         if pod.disruption or pod.exit_code in contract.PREEMPTION_EXIT_CODES:
-            return pod.disruption or f"ExitCode{pod.exit_code}", Deletion(pod.name, pod.uid, 0, "preempted")
+            why = pod.disruption or f"ExitCode{pod.exit_code}"
+            return why, Deletion(pod.name, pod.uid, 0, "preempted", runs_nowhere=True)
         return None
     if pod.node is not None and pod.node not in nodes:
-        return "NodeLost", Deletion(pod.name, pod.uid, 0, "node gone")
+        return "NodeLost", Deletion(pod.name, pod.uid, 0, "node gone", runs_nowhere=True)
     if pod.node is not None and evicts(nodes[pod.node], job):
         grace = job.spec.leave_grace_seconds
         return "TaintEviction", Deletion(pod.name, pod.uid, grace, "being evicted")
@@ -736,7 +740,7 @@ def readiness(
     while `finished` workers have succeeded and the others are finishing too, the job stays Running
     (their ready count falling is the end of training, not a lack of workers); otherwise Pending
     below `minimum` ready workers, Running once all `target` workers exist and are ready with
-    nothing left to create or delete (`settled`), Scaling in between."""
+    nothing left to create or delete but pods that run nowhere (`settled`), Scaling in between."""
     if final is not None:
         return final, ConditionUpdate(READY, False, str(final), f"the job {str(final).lower()}")
     if finished:

@@ -176,6 +176,29 @@ def test_preemption_is_not_failure(pod: Pod, lost: bool) -> None:
     assert result.create_workers == ((2, 2),), "a replacement under a new name"
 
 
+@pytest.mark.parametrize(
+    ("leaving", "phase"),
+    [
+        pytest.param(worker(2, node="gone-node"), "Running", id="node-gone"),
+        pytest.param(worker(2, phase="Failed", exit_code=137), "Running", id="preempted-exit"),
+        pytest.param(worker(2, node="terminating"), "Scaling", id="noexecute-still-handing-over"),
+    ],
+)
+def test_a_lost_worker_that_runs_nowhere_does_not_hold_the_job_in_scaling(leaving: Pod, phase: str) -> None:
+    """Node loss lands in one pass: the status written before the deletion already says Running at
+    the smaller size, since the deleted pod runs nowhere (a NoExecute eviction still hands over)."""
+    pods = [worker(0, "od-0"), worker(1, "od-1"), leaving]
+    termination = Taint("ebbflow.dev/spot-termination", "NoExecute", "true")
+    nodes = {**NODES, "terminating": Node("terminating", 4, taints=(termination,))}
+    result = plan(job(lo=1, status=running_status(pods, 3)), pods, 2, nodes)
+    assert [d.name for d in result.delete] == ["j-worker-2"] and not result.create_workers
+    assert (result.status["phase"], result.status["desiredReplicas"], result.status["replicas"]) == (
+        phase,
+        2,
+        2,
+    )
+
+
 def test_scale_down_keeps_workers_together_takes_spot_first_and_gives_grace() -> None:
     pods = [
         worker(0, "od-0", age=500),
