@@ -451,6 +451,16 @@ def operator_totals(pid: int, metrics: str) -> dict[str, Any]:
     }
 
 
+def source_commit() -> str:
+    """The commit the operator under test runs, `-dirty` when the tree has uncommitted changes: the
+    figures name the code they measured."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True)
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=500)
@@ -470,6 +480,7 @@ def main() -> None:
     )
     signal.signal(signal.SIGTERM, interrupt)
     results: dict[str, Any] = {
+        "commit": source_commit(),
         "nodes": args.nodes,
         "gpus": args.nodes * 4,
         "jobs": args.jobs,
