@@ -222,7 +222,9 @@ class PriorityFairShare:
 
     Within one priority level every job first gets its minimum (oldest first; a job whose minimum
     does not fit gets 0), then workers go one at a time to the job with the fewest, so the
-    smallest allocation is as large as possible; ties go to the older job.
+    smallest allocation is as large as possible. Ties go to a job that already runs that worker,
+    then to the older job: when shares come out uneven the jobs keep the sizes they have, so a
+    lost node shrinks the jobs that lost workers instead of shrinking others to regrow these.
     """
 
     name: str = field(default="priority-fair")
@@ -233,12 +235,16 @@ class PriorityFairShare:
         for _, level in groupby(ordered, key=lambda d: d.priority):
             jobs = [d for d in level if d.max >= d.min]
             growing = [d for d in jobs if packing.place_min(d)]
-            heap = [
-                (packing.count(d.key), d.created, d.key, d) for d in growing if packing.count(d.key) < d.max
-            ]
+            heap = [_next_worker(packing.count(d.key), d) for d in growing if packing.count(d.key) < d.max]
             heapq.heapify(heap)
             while heap:
-                count, created, key, demand = heapq.heappop(heap)
+                count, _, _, _, demand = heapq.heappop(heap)
                 if packing.place(demand) and count + 1 < demand.max:
-                    heapq.heappush(heap, (count + 1, created, key, demand))
+                    heapq.heappush(heap, _next_worker(count + 1, demand))
         return {d.key: packing.count(d.key) for d in demands}
+
+
+def _next_worker(count: int, demand: Demand) -> tuple[int, bool, float, JobKey, Demand]:
+    """A job's place in the fair-share queue for its worker number `count + 1`: fewest workers
+    first, then the jobs already running that many (False sorts first), then the oldest."""
+    return count, count >= len(demand.current_nodes), demand.created, demand.key, demand

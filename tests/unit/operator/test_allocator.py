@@ -38,6 +38,26 @@ CASES = [
     ),
     pytest.param(
         [
+            make_demand("a", 1, 16, created=1, current=("n0",) * 4 + ("n1",)),
+            make_demand("b", 1, 16, created=2, current=("n1",) * 3 + ("n2",) * 3),
+            make_demand("c", 1, 16, created=3, current=("n3",) * 4 + ("n2",)),
+        ],
+        NODES4,
+        {"a": 5, "b": 6, "c": 5},
+        id="odd remainder stays with the job running it",
+    ),
+    pytest.param(
+        [
+            make_demand("a", 1, 16, created=1, current=("n0",) * 4 + ("n1",)),
+            make_demand("b", 1, 16, created=2, current=("n1",) * 3 + ("n2",) * 2),
+            make_demand("c", 1, 16, created=3, current=("n3",) * 4 + ("n2",)),
+        ],
+        NODES4,
+        {"a": 6, "b": 5, "c": 5},
+        id="odd remainder nobody runs goes to the oldest",
+    ),
+    pytest.param(
+        [
             make_demand("low", 2, 16, priority=0, created=1),
             make_demand("high", 2, 12, priority=10, created=2),
         ],

@@ -56,6 +56,53 @@ def test_a_deleted_worker_that_left_with_exit_0_does_not_end_the_job() -> None:
     assert not [d for d in plan.delete if d.name in {"train-worker-0", "train-worker-2"}]
 
 
+def test_a_lost_node_resizes_only_the_jobs_that_lost_workers() -> None:
+    """16 GPUs, four jobs at 4 each; the node under one worker of each of the two oldest goes. 14
+    GPUs share out 4, 4, 3, 3: the two that lost a worker stay at 3 (Running at once, their pods
+    on the lost node deleted) and the other two keep 4, rather than the oldest growing back on
+    workers taken from the younger ones (four jobs re-forming for a loss that touched two)."""
+    old = [make_job(JobBuilder(name).replicas(1, 8), age=7200) for name in ("c", "d")]
+    young = [make_job(JobBuilder(name).replicas(1, 8), age=60) for name in ("a", "b")]
+    layout = {
+        "a": ["n0", "n0", "n1", "n1"],
+        "b": ["n2", "n2", "n3", "n3"],
+        "c": ["n4", "n4", "n5", "n7"],
+        "d": ["n6", "n6", "n5", "n7"],
+    }
+    nodes = [make_node(f"n{i}", 2) for i in range(8)]
+
+    def pods_of(jobs: list[Job]) -> list[Pod]:
+        return [
+            pod
+            for j in jobs
+            for pod in (
+                *(make_worker(j, i, n) for i, n in enumerate(layout[j.name])),
+                make_rendezvous(j, "n0"),
+            )
+        ]
+
+    first = decide_pass(nodes, pods_of([*old, *young]), [*old, *young])
+    statuses = {p.job.name: p.status for p in first.plans}
+    assert {name: s["desiredReplicas"] for name, s in statuses.items()} == dict.fromkeys("abcd", 4)
+    jobs = [
+        make_job(
+            JobBuilder(j.name).replicas(1, 8), age=7200 if j.name in "cd" else 60, status=statuses[j.name]
+        )
+        for j in [*old, *young]
+    ]
+    after = decide_pass(nodes[:7], pods_of(jobs), jobs)
+    plans = {p.job.name: p for p in after.plans}
+    assert {name: p.status["desiredReplicas"] for name, p in plans.items()} == {
+        "a": 4,
+        "b": 4,
+        "c": 3,
+        "d": 3,
+    }
+    assert {name for name, p in plans.items() if p.delete or p.create_workers} == {"c", "d"}
+    assert all(p.status["phase"] == "Running" for p in plans.values())
+    assert [d.name for d in plans["c"].delete] == ["c-worker-3"]
+
+
 # --- the plan memo -------------------------------------------------------------------------------
 
 SERVICES = {("ns", "a"): frozenset({"a-pods"}), ("ns", "b"): frozenset({"b-pods"})}
