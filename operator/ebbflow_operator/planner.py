@@ -95,8 +95,8 @@ class Deletion:
     uid: str
     grace_seconds: int
     reason: str
-    # The pod runs nowhere (its node is gone, or it failed): deleting it removes an API object, not
-    # a worker, so it does not keep the job from being Running (the resize lands in one pass).
+    # The pod runs nowhere (its node is gone, or it has exited): deleting it removes an API object,
+    # not a running process, so it does not keep the job from being Running (a resize lands in one pass).
     runs_nowhere: bool = False
 
 
@@ -618,7 +618,7 @@ def rendezvous_and_services(job: Job, observed: Observed, ended: bool) -> Suppor
         return Support(delete=tuple(Deletion(p.name, p.uid, 0, "job finished") for p in pods if cleaning))
     gone = [p for p in pods if p.finished or (p.node is not None and p.node not in observed.nodes)]
     return Support(
-        delete=tuple(Deletion(p.name, p.uid, 0, "rendezvous ended") for p in gone),
+        delete=tuple(Deletion(p.name, p.uid, 0, "rendezvous ended", runs_nowhere=True) for p in gone),
         create_rendezvous_pod=not pods and name not in {p.name for p in observed.pods},
         create_service=manifests.service_name(job.name) not in observed.services,
         legacy_rendezvous_service=manifests.legacy_rendezvous_service_name(job.name) in observed.services,

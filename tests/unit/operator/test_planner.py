@@ -199,6 +199,21 @@ def test_a_lost_worker_that_runs_nowhere_does_not_hold_the_job_in_scaling(leavin
     )
 
 
+def test_a_rendezvous_pod_on_a_lost_node_does_not_hold_the_job_in_scaling() -> None:
+    """The store runs nowhere once its node is gone: the job stays Running while the pod is deleted
+    (this pass) and created again (the next); the workers find the new one by the same name."""
+    pods = [worker(0, "od-0"), worker(1, "od-1")]
+    lost_store = replace(RDZV, node="gone-node")
+    result = plan_job(
+        job(lo=1, status=running_status(pods, 2)),
+        Observed([*pods, lost_store], SERVICES, NODES, 2, 12),
+        NOW,
+        CONFIG,
+    )
+    assert [d.name for d in result.delete] == ["j-rdzv"]
+    assert result.status["phase"] == "Running"
+
+
 def test_scale_down_keeps_workers_together_takes_spot_first_and_gives_grace() -> None:
     pods = [
         worker(0, "od-0", age=500),
