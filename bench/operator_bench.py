@@ -13,6 +13,7 @@
     .venv/bin/python bench/operator_bench.py [--nodes 500] [--jobs 100] [--burst 500] [--deletions 20]
                                              [--node-lease-seconds 40 per 500 nodes]
                                              [--output bench/results/operator.json]
+                                             [--operator-log-level INFO|DEBUG]
 
 The bench reads the jobs' status from a watch, not by listing them, and scales the KWOK nodes'
 Lease duration with their number, so that neither its own polling nor the fake kubelets' renewals
@@ -352,13 +353,14 @@ def interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def start_operator(kubeconfig: Path, port: int) -> subprocess.Popen[bytes]:
-    """The operator as a subprocess scoped to the bench's namespace and nodes; log in bench/results."""
+def start_operator(kubeconfig: Path, port: int, log_level: str) -> subprocess.Popen[bytes]:
+    """The operator as a subprocess scoped to the bench's namespace and nodes; log in bench/results
+    (DEBUG adds a line per job and pass: what its plan wrote)."""
     log = REPO / "bench" / "results" / "operator.log"
     log.parent.mkdir(exist_ok=True)
     command = [
         *(sys.executable, "-m", "ebbflow_operator", "--namespace", NAMESPACE),
-        *("--node-selector", f"{GROUP_LABEL}=yes", "--log-level", "INFO"),
+        *("--node-selector", f"{GROUP_LABEL}=yes", "--log-level", log_level),
         *("--metrics-port", str(port), "--metrics-address", "127.0.0.1", "--health-port", "0"),
     ]
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
@@ -474,6 +476,7 @@ def main() -> None:
         "(every quarter of it) cost the API server what 500 kubelets' do at every scale",
     )
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "operator.json")
+    parser.add_argument("--operator-log-level", default="INFO", choices=("DEBUG", "INFO"))
     args = parser.parse_args()
     lease_seconds = args.node_lease_seconds or max(
         NODE_LEASE_SECONDS, round(NODE_LEASE_SECONDS * args.nodes / 500)
@@ -496,7 +499,7 @@ def main() -> None:
         names = bench.add_nodes(args.nodes)
         results["node_setup_s"] = round(time.monotonic() - started, 1)
         port = free_port()
-        operator = start_operator(plane.kubeconfig, port)
+        operator = start_operator(plane.kubeconfig, port, args.operator_log_level)
         try:
             wait_for(lambda: operator_ready(operator, port, args.nodes * 4), 120, "the operator's first pass")
             results.update(steady_state(bench, args, names, port))

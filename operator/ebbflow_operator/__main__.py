@@ -226,6 +226,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     if logging.getLogger().level > logging.DEBUG:
         logging.getLogger("kopf").setLevel(logging.WARNING)  # one line per watch event otherwise
+    # The HTTP clients' debug lines (every request, every response body) would bury the operator's
+    # own (a line per plan applied) and slow it down at scale.
+    for library in ("urllib3", "kubernetes"):
+        logging.getLogger(library).setLevel(max(logging.INFO, logging.getLogger().level))
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config()
     else:

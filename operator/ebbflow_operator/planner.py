@@ -165,6 +165,19 @@ class Plan:
             + len(self.events)
         )
 
+    def summary(self) -> str:
+        """The plan's writes in a line, for the operator's debug log: which fields of the status
+        change and what is deleted (and why) or created, to tell why a job took another pass."""
+        parts = [f"status {','.join(sorted(self.status_patch))}"] if self.status_patch else []
+        parts += [f"delete {d.name} ({d.reason})" for d in self.delete]
+        if self.create_workers:
+            parts.append(f"create {len(self.create_workers)} worker(s)")
+        children = ("rendezvous pod", "service", "network policy")
+        wanted = (self.create_rendezvous_pod, self.create_service, self.create_network_policy)
+        parts += [f"create {child}" for child, want in zip(children, wanted, strict=True) if want]
+        parts += [f"event {e.reason}" for e in self.events]
+        return "; ".join(parts) or "nothing"
+
 
 @dataclass(frozen=True)
 class Observed:

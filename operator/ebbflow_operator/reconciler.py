@@ -284,6 +284,7 @@ class Reconciler:
         failed write is counted and reported, and the rest go ahead. Returns the failures.
         """
         job, now = plan.job, time.time()
+        log.debug("%s/%s: %s", job.namespace, job.name, plan.summary())
         failures = 0
         for number, (step, store) in enumerate(self._steps(plan)):
             try:

@@ -269,3 +269,23 @@ def test_this_pass(plans: list[Plan], budget: int, now: list[str], later: list[s
 def test_plan_writes(plan: Plan, writes: int) -> None:
     assert plan.writes == writes
     assert plan.has_work == (writes > 0)
+
+
+@pytest.mark.parametrize(
+    ("plan", "summary"),
+    [
+        pytest.param(IDLE, "nothing", id="nothing"),
+        pytest.param(
+            plan_of("a", 2, deletes=1),
+            "status replicas; delete a-worker-0 (lost); create 2 worker(s)",
+            id="status-deletes-creates",
+        ),
+        pytest.param(
+            replace(IDLE, create_rendezvous_pod=True, events=(Event("Normal", "Rescaled", "1 -> 2"),)),
+            "create rendezvous pod; event Rescaled",
+            id="children-and-events",
+        ),
+    ],
+)
+def test_plan_summary(plan: Plan, summary: str) -> None:
+    assert plan.summary() == summary
