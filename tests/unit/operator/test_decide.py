@@ -56,11 +56,31 @@ def test_a_deleted_worker_that_left_with_exit_0_does_not_end_the_job() -> None:
     assert not [d for d in plan.delete if d.name in {"train-worker-0", "train-worker-2"}]
 
 
-def test_a_lost_node_resizes_only_the_jobs_that_lost_workers() -> None:
-    """16 GPUs, four jobs at 4 each; the node under one worker of each of the two oldest goes. 14
-    GPUs share out 4, 4, 3, 3: the two that lost a worker stay at 3 (Running at once, their pods
-    on the lost node deleted) and the other two keep 4, rather than the oldest growing back on
-    workers taken from the younger ones (four jobs re-forming for a loss that touched two)."""
+@pytest.mark.parametrize(
+    ("gone", "sizes", "changed", "scaling"),
+    [
+        pytest.param(
+            "n7", {"a": 4, "b": 4, "c": 3, "d": 3}, {"c", "d"}, set(), id="one-worker-of-each-keeps-the-rest"
+        ),
+        pytest.param(
+            "n4",
+            {"a": 4, "b": 3, "c": 3, "d": 4},
+            {"b", "c"},
+            {"b", "c"},
+            id="two-of-one-take-from-the-youngest",
+        ),
+    ],
+)
+def test_a_lost_node_resizes_the_jobs_that_lost_workers_unless_fairness_moves_one(
+    gone: str, sizes: dict[str, int], changed: set[str], scaling: set[str]
+) -> None:
+    """16 GPUs, four jobs at 4 each; a node goes, 14 GPUs share out 4, 4, 3, 3. When it held one
+    worker of each of the two oldest, those two stay at 3 (Running at once, their pods on the lost
+    node deleted) and the others keep 4, rather than the oldest growing back on workers taken from
+    the younger ones (four jobs re-forming for a loss that touched two). When it held two workers of
+    one job, that job at 2 is below the fair share: it gets one back from the youngest job at 4
+    (max-min fairness, not a tie), so a node holding several workers of a job costs another job a
+    re-formation and both a second pass."""
     old = [make_job(JobBuilder(name).replicas(1, 8), age=7200) for name in ("c", "d")]
     young = [make_job(JobBuilder(name).replicas(1, 8), age=60) for name in ("a", "b")]
     layout = {
@@ -90,17 +110,16 @@ def test_a_lost_node_resizes_only_the_jobs_that_lost_workers() -> None:
         )
         for j in [*old, *young]
     ]
-    after = decide_pass(nodes[:7], pods_of(jobs), jobs)
+    after = decide_pass([n for n in nodes if n.name != gone], pods_of(jobs), jobs)
     plans = {p.job.name: p for p in after.plans}
-    assert {name: p.status["desiredReplicas"] for name, p in plans.items()} == {
-        "a": 4,
-        "b": 4,
-        "c": 3,
-        "d": 3,
-    }
-    assert {name for name, p in plans.items() if p.delete or p.create_workers} == {"c", "d"}
-    assert all(p.status["phase"] == "Running" for p in plans.values())
-    assert [d.name for d in plans["c"].delete] == ["c-worker-3"]
+    assert {name: p.status["desiredReplicas"] for name, p in plans.items()} == sizes
+    assert {name for name, p in plans.items() if p.delete or p.create_workers} == changed
+    lost = [
+        f"{name}-worker-{i}" for name, nodes_of in layout.items() for i, n in enumerate(nodes_of) if n == gone
+    ]
+    assert sorted(d.name for p in plans.values() for d in p.delete if d.reason == "node gone") == sorted(lost)
+    # A job that only lost workers is Running at once; one that gains or hands over takes a pass more.
+    assert {name for name, p in plans.items() if p.status["phase"] == "Scaling"} == scaling
 
 
 # --- the plan memo -------------------------------------------------------------------------------
