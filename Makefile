@@ -21,7 +21,7 @@ PIP_CACHE_FLAG := $(if $(filter true,$(CI)),--no-cache-dir,)
 PYPROJECTS := pyproject.toml api/pyproject.toml operator/pyproject.toml trainer-image/pyproject.toml
 
 .PHONY: help demo install tools cluster-up cluster-down lint typecheck test test-unit test-trainer \
-	test-integration test-e2e crds base-image images images-test kind-images kind-up \
+	test-gpu test-integration test-e2e crds base-image images images-test kind-images kind-up \
 	kind-smoke kind-down bench-operator bench-trainer bench-vs-kubeflow clean
 
 help: ## List every target with one line.
@@ -69,6 +69,9 @@ test-unit: install ## Unit tier: pure logic and trainer maths, no API.
 
 test-trainer: install ## Trainer tier: real trainer processes, gloo, torch elastic rendezvous.
 	$(PYTEST) -m trainer tests
+
+test-gpu: install ## GPU tier: the CUDA tests (one GPU; nccl on two) and the unit tests' CUDA parameters, via hack/gpu-check.sh.
+	PYTHON=$(PY) GPU_CHECK_INSTALL=0 bash hack/gpu-check.sh
 
 test-integration: install tools ## Integration tier: real control plane with KWOK GPU nodes.
 	$(PYTEST) -m integration tests

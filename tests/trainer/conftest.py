@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.trainer_cluster import running_job
+from tests.trainer.trainer_cluster import running_job, train_on_one_gpu
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +30,10 @@ def calm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def calm_reference(calm_run: dict[str, Any]) -> dict[str, Any]:
     final: dict[str, Any] = calm_run["final"]
     return final
+
+
+@pytest.fixture(scope="session")
+def two_gloo_pods_on_one_gpu(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The final state of two single-process pods sharing the one GPU through gloo (deterministic, 50
+    steps): the single-GPU tests' reference, trained once per session (only a GPU test asks for it)."""
+    return train_on_one_gpu(tmp_path_factory.mktemp("gpu-gloo-two"), 2)

@@ -15,11 +15,18 @@ import pytest
 import torch
 from ebbflow_api.waiting import wait_for
 
-from tests.trainer.trainer_cluster import Job, Node, assert_bitwise_equal, parameters_of, running_job
+from tests.trainer.trainer_cluster import (
+    Job,
+    Node,
+    assert_bitwise_equal,
+    needs_cuda,
+    parameters_of,
+    running_job,
+    train_on_one_gpu,
+)
 
 TWO_PER_POD = ["--nproc-per-node", "2"]
 SLOW_STEPS = ["--simulated-vnode-seconds", "0.02"]
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA GPUs")
 
 
 def _ranks_at(node: Node, world: int) -> set[int]:
@@ -89,7 +96,7 @@ def test_sigkill_of_a_pod_with_two_processes_leaves_two_survivors_that_finish_bi
 
 
 @pytest.mark.gpu
-@gpu
+@needs_cuda
 def test_nccl_on_gpus_trains_bitwise_like_one_gpu_process(tmp_path: Path) -> None:
     """Two pods of two GPU processes on nccl against one process on one GPU: the same kernels compute
     every virtual node's gradient, so deterministic mode gives the same bits (a CPU reference may not:
@@ -110,26 +117,18 @@ def test_nccl_on_gpus_trains_bitwise_like_one_gpu_process(tmp_path: Path) -> Non
     assert_bitwise_equal(finals[1], finals[0])
 
 
-def _train_on_one_gpu(root: Path, pods: int, mode: str) -> dict[str, Any]:
-    """``pods`` single-process pods sharing the one GPU, reducing with gloo (nccl needs a GPU per rank)."""
-    root.mkdir()
-    args = ["--backend", "gloo", "--mode", mode]
-    with running_job(root, min_replicas=pods, max_replicas=pods, steps=50, extra_args=args) as job:
-        nodes = [job.start_node() for _ in range(pods)]
-        assert job.wait_all(nodes, 240) == [0] * pods, job.logs()
-        return job.final_checkpoint()
-
-
 @pytest.mark.gpu
-@gpu
-def test_deterministic_mode_on_a_gpu_is_bitwise_for_any_world_size(tmp_path: Path) -> None:
+@needs_cuda
+def test_deterministic_mode_on_a_gpu_is_bitwise_for_any_world_size(
+    tmp_path: Path, two_gloo_pods_on_one_gpu: dict[str, Any]
+) -> None:
     """Deterministic kernels (torch.use_deterministic_algorithms) and exact sums: one process or two on
     the GPU give the same bits. Fast mode's buckets, reduced through gloo from CUDA tensors, stay
     within float rounding of them."""
-    one = _train_on_one_gpu(tmp_path / "one", 1, "deterministic")
-    two = _train_on_one_gpu(tmp_path / "two", 2, "deterministic")
+    one = train_on_one_gpu(tmp_path / "one", 1, "deterministic")
+    two = two_gloo_pods_on_one_gpu
     assert one["step"] == two["step"] == 50
     assert_bitwise_equal(two, one)
-    fast = _train_on_one_gpu(tmp_path / "fast", 2, "fast")
+    fast = train_on_one_gpu(tmp_path / "fast", 2, "fast")
     for name, value in parameters_of(one).items():
         assert torch.allclose(parameters_of(fast)[name].double(), value.double(), rtol=1e-4, atol=1e-6), name

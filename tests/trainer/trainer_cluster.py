@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from ebbflow_api import contract
 from ebbflow_api.waiting import wait_for
@@ -26,6 +27,8 @@ from ebbflow_trainer import state
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = str(REPO / "examples" / "digits" / "train.py")
+# The GPU tier's tests carry `@pytest.mark.gpu` and this: they skip on a machine without CUDA.
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def descendants(pid: int) -> list[int]:
@@ -268,3 +271,19 @@ def assert_bitwise_equal(a: dict[str, Any], b: dict[str, Any]) -> None:
     for name in pa:
         same_bits = torch.equal(pa[name].view(torch.int32), pb[name].view(torch.int32))
         assert same_bits, f"{name} differs: max |diff| {(pa[name] - pb[name]).abs().max().item()}"
+
+
+def train_on_one_gpu(
+    root: Path, pods: int, mode: str = "deterministic", backend: str = "gloo", steps: int = 50
+) -> dict[str, Any]:
+    """The final checkpoint of ``pods`` single-process pods sharing the one GPU (each trains on cuda:0).
+
+    gloo lets several ranks share a GPU (it reduces on the CPU); nccl needs a GPU per rank, so with
+    nccl only one pod fits.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    args = ["--backend", backend, "--mode", mode]
+    with running_job(root, min_replicas=pods, max_replicas=pods, steps=steps, extra_args=args) as job:
+        nodes = [job.start_node() for _ in range(pods)]
+        assert job.wait_all(nodes, 240) == [0] * pods, job.logs()
+        return job.final_checkpoint()
