@@ -32,11 +32,13 @@ TARGET_ACCURACY = 0.95
 def held_out_accuracy(
     images: torch.Tensor, labels: torch.Tensor
 ) -> Callable[[torch.nn.Module], dict[str, float]]:
-    """The eval hook: the fraction of held-out images classified correctly."""
+    """The eval hook: the fraction of held-out images classified correctly (on the model's device:
+    the trainer moves the model to the process's GPU, and only the training batches with it)."""
 
     def evaluate(model: torch.nn.Module) -> dict[str, float]:
-        predicted = model(images).argmax(dim=1)
-        return {"accuracy": float((predicted == labels).float().mean())}
+        device = next(model.parameters()).device
+        predicted = model(images.to(device)).argmax(dim=1)
+        return {"accuracy": float((predicted == labels.to(device)).float().mean())}
 
     return evaluate
 

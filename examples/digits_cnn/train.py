@@ -61,7 +61,10 @@ def loss_fn(net: nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
 
 
 def accuracy(net: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
-    return float((net(images).argmax(dim=1) == labels).float().mean())
+    """The fraction of ``images`` classified as ``labels``, computed on the net's device (the eval hook
+    gets the model on the process's GPU, its held-out images stay where they were made)."""
+    device = next(net.parameters()).device
+    return float((net(images.to(device)).argmax(dim=1) == labels.to(device)).float().mean())
 
 
 def held_out_accuracy(images: torch.Tensor, labels: torch.Tensor) -> Callable[[nn.Module], dict[str, float]]:

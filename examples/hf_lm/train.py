@@ -96,10 +96,11 @@ def loss_fn(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
 
 
 def held_out_perplexity(held_out: torch.Tensor) -> Callable[[torch.nn.Module], dict[str, float]]:
-    """The eval hook: per-byte loss and perplexity on held-out text (run by the trainer under no_grad)."""
+    """The eval hook: per-byte loss and perplexity on held-out text (run by the trainer under no_grad,
+    with the model on the process's device: the held-out text goes there)."""
 
     def evaluate(model: torch.nn.Module) -> dict[str, float]:
-        loss = float(loss_fn(model, [held_out]))
+        loss = float(loss_fn(model, [held_out.to(next(model.parameters()).device)]))
         return {"loss": loss, "perplexity": math.exp(loss), "bits_per_byte": loss / math.log(2)}
 
     return evaluate
