@@ -3,13 +3,45 @@
 Torch restarts a failed worker group until ``max_restarts`` run out. A worker that exits with one of
 ``contract.FATAL_EXIT_REASONS`` (training diverged) would only replay the same failure, so the agent
 stops at once and the launcher exits with the worker's code, which the operator reads from the pod.
+
+The trainer runs on torch >= 2.4 (a vendor's torch in the image's base, docs/images.md), and the
+agent's constructor grew options since: `shutdown_option` passes only what the installed one takes.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
+from typing import TypedDict
+
 from ebbflow_api import contract
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+log = logging.getLogger(__name__)
+
+# What torch's agent gives its workers to exit after a signal where it takes no `shutdown_timeout`.
+TORCH_FIXED_SHUTDOWN_SECONDS = 30
+
+
+class ShutdownOption(TypedDict, total=False):
+    shutdown_timeout: int
+
+
+def shutdown_option(agent: type, seconds: int) -> ShutdownOption:
+    """How long the workers get to exit after the pod's SIGTERM, as `agent`'s constructor takes it.
+    An older torch's agent (2.11's, for one) takes no such option and gives them a fixed 30 s, which
+    the pod's own grace period cuts short or the worker's handoff outlasts: said once in the log."""
+    if "shutdown_timeout" in inspect.signature(agent).parameters:
+        return {"shutdown_timeout": seconds}
+    if seconds != TORCH_FIXED_SHUTDOWN_SECONDS:
+        log.warning(
+            "this torch's elastic agent gives workers a fixed %d s to exit after a signal, not the %d s "
+            "the leave grace asks for (a newer torch takes it)",
+            TORCH_FIXED_SHUTDOWN_SECONDS,
+            seconds,
+        )
+    return {}
 
 
 class FatalWorkerExit(Exception):

@@ -86,7 +86,7 @@ def run(config: TrainerConfig) -> int:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.rendezvous import RendezvousClosedError
 
-    from ebbflow_trainer.agent import EbbflowAgent, FatalWorkerExit
+    from ebbflow_trainer.agent import EbbflowAgent, FatalWorkerExit, shutdown_option
     from ebbflow_trainer.rendezvous import GenerationRendezvousHandler, StoreLost
     from ebbflow_trainer.worker import run_worker
 
@@ -123,7 +123,7 @@ def run(config: TrainerConfig) -> int:
         start_method="forkserver",
         exit_barrier_timeout=config.collective_timeout,
         # The worker gets the pod's grace period, less a margin for the agent to exit.
-        shutdown_timeout=max(1, config.leave_grace_seconds - 5),
+        **shutdown_option(EbbflowAgent, max(1, config.leave_grace_seconds - 5)),
     )
     try:
         result = agent.run()
