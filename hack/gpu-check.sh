@@ -15,6 +15,13 @@
 # $OUT set, the whole output goes to $OUT/gpu-check.log too and the trainer tests' process logs,
 # journals and progress reports to $OUT/trainer-logs/. PYTHON, SITE, GPU_CHECK_INSTALL=0 (use what
 # is installed, as `make test-gpu` does with the venv) and the limits can be overridden.
+#
+# The wheels, fetched where pip works (CPython 3.12 there; the versions of .venv's `pip freeze`):
+#   .venv/bin/python -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#     pydantic pydantic-core annotated-types typing-inspection typing-extensions cel-python \
+#     google-re2 jmespath lark pendulum tzdata
+# (pin each to the venv's version; 4.2 MiB; used on an H200 with torch 2.11 on 2026-11-26).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
