@@ -16,6 +16,8 @@ from ebbflow_operator.policies import (
     NodeDevices,
     QualityPolicy,
     SlicedPacking,
+    _cancel_relocations,
+    kept_in_place,
     virtual_node_breakpoints,
 )
 from ebbflow_operator.throughput import Measurement, Placement, ThroughputParams
@@ -286,6 +288,46 @@ def test_consolidate(free: dict[str, int], count: int, expected: tuple[int, tupl
     moves = GoodputPolicy(now=NOW)._consolidate([job], counts, packing, cross_node_halves)
     nodes = len(set(packing.nodes_of(job.key)))
     assert (counts[job.key], moves.get(job.key, ()), nodes) == expected
+
+
+@pytest.mark.parametrize(
+    ("nodes", "expected"),
+    [
+        pytest.param(("a", "a", "b", "c"), 4, id="every worker where it runs"),
+        pytest.param(("a", "a", "b", "c", "d"), 4, id="grown onto another node"),
+        pytest.param(("a", "a", "b"), 3, id="shrunk: the least-used node's worker goes"),
+        pytest.param(("a", "a", "b", "d"), 3, id="c's worker moved to d"),
+        pytest.param(("a", "a", "c", "d"), 2, id="b's worker moved: none kept past it"),
+        pytest.param(("d", "d"), 0, id="moved away entirely"),
+    ],
+)
+def test_kept_in_place(nodes: tuple[str, ...], expected: int) -> None:
+    """Running on a, a, b, c (most-used first): how many of those workers `nodes` keeps in order."""
+    job = make_demand("j", 1, 8, current=("a", "a", "b", "c"))
+    assert kept_in_place(job, nodes) == expected
+
+
+@pytest.mark.parametrize(
+    ("lo", "plan", "expected"),
+    [
+        pytest.param(1, ("a", "a", "b", "b"), ("a", "a", "b", "b"), id="kept where it runs"),
+        pytest.param(1, ("a", "a", "b", "b", "c"), ("a", "a", "b", "b", "c"), id="grown: kept"),
+        pytest.param(1, ("a", "a", "b", "c"), ("a", "a", "b"), id="a worker moved to c: shrinks instead"),
+        pytest.param(1, ("a", "a", "c", "c"), ("a", "a"), id="both of b's moved: shrinks onto a"),
+        pytest.param(3, ("a", "a", "c", "c"), ("a", "a", "c", "c"), id="below its min: left as planned"),
+    ],
+)
+def test_cancel_relocations(lo: int, plan: tuple[str, ...], expected: tuple[str, ...]) -> None:
+    """The greedy's plan for a job running on a, a, b, b: a worker it would move to another node at
+    the same count (its GPU taken by another job's growth) is not moved; the job shrinks onto the
+    workers it keeps in place, in the packing and in the counts."""
+    free = {"a": 4, "b": 4, "c": 4}
+    job = make_demand("j", lo, 8, nodes=free, current=("a", "a", "b", "b"))
+    packing = SlicedPacking(free, {})
+    packing.place_on(job, plan)
+    counts = {job.key: len(plan)}
+    _cancel_relocations([job], counts, packing)
+    assert (counts[job.key], tuple(packing.nodes_of(job.key))) == (len(expected), expected)
 
 
 # --- goodput: batch-size co-adaptation (JobMetrics.max_batch) -------------------------------------
