@@ -24,6 +24,7 @@ from ebbflow_operator.devcluster.kind import (
     SETUP_TIMEOUT_S,
     Kind,
     KindError,
+    record_timing,
     set_up,
 )
 
@@ -51,18 +52,11 @@ def pytest_runtest_makereport(
     return report
 
 
-def _timing(step: str) -> None:
-    """The setup's steps with their durations, into $EBBFLOW_TIMINGS when set (.ci/run prints it)."""
-    if path := os.environ.get("EBBFLOW_TIMINGS"):
-        with open(path, "a") as timings:
-            print(f"  e2e setup, {step.strip()}", file=timings)
-
-
 @pytest.fixture(scope="session")
 def kind() -> Kind:
     cluster = Kind()
     try:
-        set_up(cluster, say=_timing, network_policy=True)
+        set_up(cluster, say=record_timing, network_policy=True)
     except (KindError, TimeoutError) as error:
         if os.environ.get("CI") == "true":
             pytest.fail(f"e2e tier cannot run in CI: {error}", pytrace=False)

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # CI only (hack/ci-test.sh): builds everything the e2e tier needs before any kind cluster exists,
-# then frees Go's build and module caches and the wheelhouse.
+# frees Go's build and module caches and the wheelhouse, then sets the e2e cluster up.
 #
 #   ci-prepare-e2e.sh build    the kind node, device plugin, Prometheus and Cilium images, and the CPU
 #                              trainer image when the disk has room for it now; runs while the test
-#                              tiers run (they need Go's caches: nothing here removes them)
-#   ci-prepare-e2e.sh finish   after the tiers: Go's caches removed, the trainer image (if `build` left
-#                              it), the wheelhouse removed
+#                              tiers run (the unit tier's `go test` needs Go's caches: nothing here
+#                              removes them)
+#   ci-prepare-e2e.sh finish   once the unit tier is done: Go's caches removed, the trainer image (if
+#                              `build` left it), the wheelhouse removed
+#   ci-prepare-e2e.sh cluster  after `finish`: the e2e tier's kind cluster from this commit (one left
+#                              on the machine is removed first), set up as the e2e fixture does it
+#                              (Cilium, the images in the nodes, device plugin, chart, Prometheus)
+#   ci-prepare-e2e.sh all FILE build, then finish and cluster once FILE exists (hack/ci-test.sh
+#                              creates it when the unit tier ends): all of it beside the test tiers
 #
 # Why: a CI machine's free disk varies (seen from under 50 GB to 80 GB). Left to the e2e fixture,
 # the trainer image is built (about 10 GB transient) while four kind nodes are up, and Go's caches
@@ -74,8 +80,33 @@ finish() {
   say "ready for the e2e tier"
 }
 
+# The cluster comes up while the trainer and integration tiers run: loading the 4.5 GB trainer image
+# into three nodes is mostly disk (12 min on one CI machine), which those tiers hardly use. A
+# cluster already on the machine (a demo's, a bench's, one brought back by a Docker restart) is not
+# this commit's: it may lack NetworkPolicy enforcement from its start, hold a node taken away and
+# returned, or have moved its addresses; one such cluster was reused in 7 s and its workers never
+# re-formed after a rescale, so it goes first.
+cluster() {
+  say "removing a kind cluster left on the machine"
+  bash hack/kind/down.sh
+  say "the e2e cluster (python -m ebbflow_operator.devcluster.kind)"
+  .venv/bin/python -m ebbflow_operator.devcluster.kind
+  say "e2e cluster ready"
+}
+
+all() {
+  local unit_done=${1:?usage: $0 all FILE}
+  build
+  echo "[ci-prepare-e2e] waiting for the unit tier (its go test uses Go's caches): $unit_done" >&2
+  until [[ -e $unit_done ]]; do sleep 5; done
+  finish
+  cluster
+}
+
 case ${1:-} in
   build) build ;;
   finish) finish ;;
-  *) echo "usage: $0 build|finish" >&2; exit 2 ;;
+  cluster) cluster ;;
+  all) all "${2:-}" ;;
+  *) echo "usage: $0 build|finish|cluster|all FILE" >&2; exit 2 ;;
 esac

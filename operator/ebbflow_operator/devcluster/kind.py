@@ -5,6 +5,9 @@ install the operator's chart, and take worker nodes away and back the way a clou
 Everything goes through the same command-line tools a user runs (`kubectl`, `kind`, `helm`, the
 scripts under hack/), with the tools from .tools/bin and hack/kind/bin's docker shim on PATH.
 A failing command raises `KindError` with its stderr; nothing here retries.
+
+`python -m ebbflow_operator.devcluster.kind` sets the e2e cluster up as the e2e fixture does (CI
+does it beside the other tiers, hack/ci-prepare-e2e.sh); the fixture's own call then takes seconds.
 """
 
 from __future__ import annotations
@@ -152,6 +155,13 @@ def load_image(image: str, nodes: tuple[str, ...] = ()) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("made room")]
 
 
+def record_timing(line: str) -> None:
+    """One setup step and its duration, into $EBBFLOW_TIMINGS when set (.ci/run prints that file)."""
+    if path := os.environ.get("EBBFLOW_TIMINGS"):
+        with open(path, "a") as timings:
+            print(f"  e2e setup, {line.strip()}", file=timings)
+
+
 def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_policy: bool = False) -> None:
     """Images, cluster, device plugin, the demo's and e2e's namespaces, the operator by `helm
     install` (CHART_VALUES) and Prometheus; each step is cached or idempotent: a second call on a
@@ -259,3 +269,17 @@ def _adopt_crd(kind: Kind) -> None:
             f"meta.helm.sh/release-namespace={RELEASE_NAMESPACE}",
             "--overwrite",
         )
+
+
+def main() -> None:
+    """Sets the e2e tier's cluster up (NetworkPolicy enforced), saying each step as it ends."""
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        record_timing(line)
+
+    set_up(Kind(), say=say, network_policy=True)
+
+
+if __name__ == "__main__":
+    main()
