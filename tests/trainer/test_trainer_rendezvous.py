@@ -1,7 +1,8 @@
 """Trainer tier: the generation rendezvous against a real c10d store and torch's real dynamic rendezvous.
 
-Two nodes in one process (each a real handler with its own heartbeats): the first plays a node that
-completes a round as its rank 0 and dies before publishing the round's keys.
+Two nodes in one process (each a real handler with its own heartbeats): in the first test one plays a
+node that completes a round as its rank 0 and dies before publishing the round's keys; in the second,
+a running node whose heartbeats stall while a newcomer joins.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
+from ebbflow_api.waiting import wait_for
 from ebbflow_trainer.rendezvous import GenerationRendezvousHandler
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
@@ -41,17 +43,13 @@ def _torch_node(store: TCPStore, run_id: str) -> DynamicRendezvousHandler:
     )
 
 
-def test_a_rank_zero_that_dies_before_publishing_the_round_does_not_crash_the_others() -> None:
-    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
-    run_id = "rank-zero-dies"
-    client = TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30))
-    doomed = _torch_node(client, run_id)  # created first: the lower node id, rank 0 of a shared round
-    survivor = GenerationRendezvousHandler(
+def _generation_node(port: int, run_id: str, max_replicas: int = 2) -> GenerationRendezvousHandler:
+    return GenerationRendezvousHandler(
         trainer_config(
-            rdzv_endpoint=f"127.0.0.1:{server.port}",
+            rdzv_endpoint=f"127.0.0.1:{port}",
             rdzv_id=run_id,
             min_replicas=1,
-            max_replicas=2,
+            max_replicas=max_replicas,
             last_call_timeout=2.0,
             keep_alive_interval=HEARTBEAT,
             keep_alive_max_attempt=MISSED,
@@ -59,6 +57,14 @@ def test_a_rank_zero_that_dies_before_publishing_the_round_does_not_crash_the_ot
             join_timeout=60.0,
         )
     )
+
+
+def test_a_rank_zero_that_dies_before_publishing_the_round_does_not_crash_the_others() -> None:
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    run_id = "rank-zero-dies"
+    client = TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30))
+    doomed = _torch_node(client, run_id)  # created first: the lower node id, rank 0 of a shared round
+    survivor = _generation_node(server.port, run_id)
     generations: list[int] = []
     survivor.on_generation = generations.append
     doomed_round: dict[str, Any] = {}
@@ -79,3 +85,30 @@ def test_a_rank_zero_that_dies_before_publishing_the_round_does_not_crash_the_ot
     # The survivor waited for the dead rank 0's keys, gave up on that round and formed the next alone.
     assert (info.rank, info.world_size) == (0, 1)
     assert generations == [1]
+
+
+def test_a_node_dropped_for_missed_heartbeats_rejoins_instead_of_training_on_alone() -> None:
+    """The split brain once seen on a loaded e2e cluster, at the handler: a running node's heartbeats
+    stall past the budget while a newcomer waits, the newcomer drops it and forms a world of its own;
+    when the stalled node's agent next asks, it must hear "re-form", and both then form one world."""
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    run_id = "dropped-node"
+    stalled = _generation_node(server.port, run_id)
+    assert stalled.next_rendezvous().world_size == 1
+    stalled.stop_heartbeats()  # its agent stalls: no heartbeat, no store call
+    newcomer = _generation_node(server.port, run_id)
+    try:
+        alone = newcomer.next_rendezvous()  # waits for a place, drops the stalled node, forms alone
+        assert (alone.rank, alone.world_size) == (0, 1)
+        assert stalled.num_nodes_waiting() >= 1, "the dropped node would train on in a world of its own"
+
+        rejoined: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: rejoined.update(info=stalled.next_rendezvous()))
+        thread.start()
+        wait_for(lambda: newcomer.num_nodes_waiting() >= 1, 30, "the newcomer sees it waiting")
+        together = newcomer.next_rendezvous()
+        thread.join(timeout=60)
+        assert together.world_size == rejoined["info"].world_size == 2
+    finally:
+        stalled.stop_heartbeats()
+        newcomer.stop_heartbeats()

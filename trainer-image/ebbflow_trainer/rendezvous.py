@@ -19,6 +19,15 @@ every launcher joins a round of the new store. A launcher that needs a round whi
 waits for it there. A store not back within ``--store-loss-timeout`` of its loss raises
 :class:`StoreLost`.
 
+**Dropped from the world.** Torch's peers remove a node whose heartbeats stop for
+``keep_alive_interval * keep_alive_max_attempt`` seconds (a stalled process, an overloaded node) and,
+once the round has no participant left, start the next round without it; nothing tells the dropped
+node, whose own workers train on. Two worlds of one job then trained side by side (seen on a loaded
+e2e cluster: a shrunk job's one survivor kept training while two newcomers formed a world "from
+fresh"). So :meth:`GenerationRendezvousHandler.num_nodes_waiting`, which the agent polls while its
+workers train, also reports a waiting node when this node is no longer a participant: the agent stops
+its workers at a step boundary and joins the current round, where the freshest state wins.
+
 **Joining under load.** Torch's rendezvous loop names every step it records with
 ``dynamic_rendezvous.get_method_name``, which calls ``inspect.stack()`` twice: that resolves the source
 file of every frame by scanning ``sys.modules`` (python/cpython#92041), tens of milliseconds in a
@@ -157,6 +166,8 @@ class GenerationRendezvousHandler(RendezvousHandler):
         self._bootstrap = RendezvousStoreInfo(master_addr=config.rdzv_host, master_port=config.rdzv_port)
         self._join_timeout = config.join_timeout
         self._last_generation = 0  # the newest generation this node ran, whatever store gave it
+        self._dropped_generation = 0  # the generation whose world this node was last dropped from
+        self._round_delegate: DynamicRendezvousHandler | None = None  # the handler of the last round
         self._store: TCPStore | None = None
         self._delegate: DynamicRendezvousHandler | None = None
         # When the store was found gone (None while it answers); a pod may also start before its store.
@@ -277,6 +288,7 @@ class GenerationRendezvousHandler(RendezvousHandler):
         assert store is not None and delegate is not None, "joined a round without a store"
         self._raise_generation_floor(store)
         info = delegate.next_rendezvous()
+        self._round_delegate = delegate
         round_store = info.store
         if info.rank == 0:
             generation = store.add(_GENERATION_COUNTER, 1)
@@ -296,18 +308,43 @@ class GenerationRendezvousHandler(RendezvousHandler):
     def num_nodes_waiting(self) -> int:
         """Nodes waiting to join, which makes the agent re-form its world at a step boundary. While the
         store is lost: 0, so the world trains on; once a new store answers: 1, so every member re-forms
-        there. Raises StoreLost when none answered within ``--store-loss-timeout``."""
+        there. At least 1 while this node's world runs but the rendezvous dropped it (see the module
+        docstring). Raises StoreLost when none answered within ``--store-loss-timeout``."""
         if self._delegate is not None:
             try:
-                return int(self._delegate.num_nodes_waiting())
+                waiting = int(self._delegate.num_nodes_waiting())
             except STORE_LOST_ERRORS as error:
                 self._store_lost(error)
+            else:
+                return max(waiting, 1) if self._dropped_from_the_world() else waiting
         if self._reconnect():
             return 1
         too_long = self._lost_for_too_long()
         if too_long is not None:
             raise too_long
         return 0
+
+    def _dropped_from_the_world(self) -> bool:
+        """Whether the others declared this running node dead (see "Dropped from the world" in the
+        module docstring); read from the state torch's handler has just synced."""
+        assert self._delegate is not None
+        if self._delegate is not self._round_delegate:  # a new store: _reconnect has asked to re-form
+            return False
+        # Torch keeps these private; num_nodes_waiting() has just synced the state from the store.
+        state = self._delegate._state_holder.state
+        if self._delegate._this_node in state.participants:
+            return False
+        if self._dropped_generation == self._last_generation:  # said once; the agent polls often
+            return True
+        self._dropped_generation = self._last_generation
+        log.warning(
+            "this node was dropped from the rendezvous (its heartbeats missed the %.0f s budget: "
+            "a stalled process or an overloaded machine) while its world of generation %d trained on; "
+            "stopping at a step boundary to join the job's current round",
+            self._config.keep_alive_interval * self._config.keep_alive_max_attempt,
+            self._last_generation,
+        )
+        return True
 
     def leave(self) -> None:
         """Drop this node from the rendezvous now, so the others need not wait for its heartbeats to expire.
