@@ -10,6 +10,19 @@ import pytest
 
 from tests.trainer.trainer_cluster import running_job, train_on_one_gpu
 
+HERE = Path(__file__).resolve().parent
+# Only a guard against a hang: every scenario waits with its own deadline (Job.wait_all, wait_for),
+# and that failure carries every process's log and stacks. pytest-timeout's default (300 s, which
+# counts session fixtures too) once stopped a loaded CI run's test inside its own 200 s wait,
+# with a traceback of pytest's instead of the trainers' logs.
+HANG_GUARD_S = 900
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(HERE) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(HANG_GUARD_S))
+
 
 @pytest.fixture(scope="session")
 def calm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
