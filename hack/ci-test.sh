@@ -4,9 +4,10 @@
 # Everything the e2e tier needs is prepared in the background while lint, typecheck and the unit,
 # trainer and integration tiers run (hack/ci-prepare-e2e.sh all): the images (Go builds, Debian
 # packages, pip), then, once the unit tier's `go test` is done with Go's caches, the caches removed
-# and the e2e cluster set up (the trainer image loaded into three nodes: minutes of disk). The tiers
-# spend much of their time waiting on processes and the API server (the trainer and integration tiers
-# run two tests at a time), the preparation on downloads and the disk. Then the e2e tier runs on that cluster, which is removed whatever the outcome.
+# and the e2e cluster set up (the trainer image loaded into three nodes: about 6 minutes). The
+# tiers spend much of their time waiting on processes and the API server (the trainer and
+# integration tiers run two tests at a time). Then the e2e tier runs on that cluster, which is
+# removed whatever the outcome.
 # Exit status: the first failure's.
 set -uo pipefail
 

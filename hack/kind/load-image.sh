@@ -88,9 +88,10 @@ bash "$ROOT/hack/free-build-caches.sh" "$((size_mb + per_node_mb))" "saving $ima
 start=$SECONDS
 docker save --output "$shared/$file" "$image"
 echo "saved $image for ${#from_file[@]} node(s) in $((SECONDS - start)) s" >&2
-# Side by side when there is room for every node's transient copy now, else one after another.
-all_mb=$((${#from_file[@]} * per_node_mb))
-if bash "$ROOT/hack/free-build-caches.sh" "$all_mb" "loading $image into ${#from_file[@]} nodes at once" 2>/dev/null; then
+# Side by side when the disk has room for every node's transient copy now (no cache is removed for
+# that), else one after another.
+docker_root=$(docker info --format '{{.DockerRootDir}}')
+if (($(df -Pm "$docker_root" | awk 'NR == 2 {print $4}') >= ${#from_file[@]} * per_node_mb)); then
   pids=()
   for node in "${from_file[@]}"; do
     import_into "$node" "/shared/$file" &
