@@ -50,6 +50,7 @@ POLICIES = ("fair", "goodput", "quality")  # what `ebbflow-operator --policy` an
 DEFAULT_RESCALE_PAUSE_S = 30.0
 NO_WORKERS_PENALTY = 1e9  # 1/speedup of a job with no workers: any first worker beats any growth
 T = TypeVar("T")
+_NO_NODES: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ class SlicedPacking(Packing):
         self._covers_every_node: dict[frozenset[str], bool] = {}
         # No node advertises more GPUs than it has devices and none is over-committed: every
         # placement that fits has share 1, so `placement` need not compute the shares.
-        self._never_shared = all(gpus >= 0 for gpus in self.free.values()) and all(
+        self.never_shared = all(gpus >= 0 for gpus in self.free.values()) and all(
             dev.physical <= 0 or dev.replicas <= dev.physical for dev in devices.values()
         )
 
@@ -169,9 +170,8 @@ class SlicedPacking(Packing):
         for node in self._sticky.get(demand.key, demand.current_nodes):
             if node in eligible and self.free.get(node, 0) >= need:
                 return node
-        placed = self._placed.get(demand.key, ())
-        within_min = len(placed) < demand.min
-        mine = set(placed)
+        within_min = len(self._placed.get(demand.key, ())) < demand.min
+        mine = self._nodes.get(demand.key, _NO_NODES)  # the nodes of its placed workers (need > 0)
         # A first worker: best fit among the nodes that could hold the whole job, else the roomiest.
         whole = None if mine else demand.max * need
         best: tuple[bool, bool, float, bool, int, str] | None = None
@@ -219,12 +219,15 @@ class SlicedPacking(Packing):
         """(workers that still get an exclusive device on the job's nodes, workers a fresh node
         holds exclusively, how many other eligible nodes could take at least one that way)."""
         need = max(1, demand.gpus_per_worker)
-        mine = self._nodes.get(demand.key, set())
+        mine = self._nodes.get(demand.key, _NO_NODES)
         own: dict[int, int] = {}  # the job's nodes by exclusive GPUs
+        room = 0
+        class_of = self._index.class_of
         for node in mine:
-            exclusive = self._exclusive(node)
+            cls = class_of(node)
+            exclusive = cls[1] if cls is not None else 0
             own[exclusive] = own.get(exclusive, 0) + 1
-        room = sum(exclusive // need * nodes for exclusive, nodes in own.items())
+            room += exclusive // need
         if not self._covers(demand.eligible):
             spare = [
                 w for w in (self._exclusive(n) // need for n in demand.eligible if n not in mine) if w > 0
@@ -254,17 +257,22 @@ class SlicedPacking(Packing):
 
     def placement(self, demand: Demand, extra: str | None = None) -> Placement:
         """The job's placement now, or with one more worker on `extra`."""
-        nodes = self._nodes.get(demand.key, set())
-        real = nodes | {extra} if extra else nodes
+        nodes = self._nodes.get(demand.key, _NO_NODES)
         workers = self.count(demand.key) + (extra is not None)
         need = demand.gpus_per_worker
-        if self._never_shared and (not extra or self.free.get(extra, 0) >= need):
+        if self.never_shared and (not extra or self.free.get(extra, 0) >= need):
             share = 1.0
         else:
+            real = nodes | {extra} if extra else nodes
             share = max((self.share(n, need if n == extra else 0) for n in real), default=1.0)
-        speeds = [self._slowest[demand.key]] if demand.key in self._slowest else []
-        speed = min([*speeds, self.speed(extra)] if extra else speeds, default=1.0)
-        return Placement(workers=workers, nodes=max(1, len(real)), share=share, speed=speed)
+        slowest = self._slowest.get(demand.key)
+        if extra:
+            spread = len(nodes) + (extra not in nodes)
+            speed = self.speed(extra) if slowest is None else min(slowest, self.speed(extra))
+        else:
+            spread = len(nodes)
+            speed = 1.0 if slowest is None else slowest
+        return Placement(workers=workers, nodes=max(1, spread), share=share, speed=speed)
 
     def single_nodes(self, demand: Demand) -> list[tuple[str, int, int]]:
         """Where a job spread over several nodes could run on one: (node, its workers there now, how
@@ -315,9 +323,11 @@ Utility = Callable[[Demand, Placement], float]
 Breakpoints = Callable[[Demand, int], Iterable[int]]
 
 
-def virtual_node_breakpoints(virtual_nodes: int, count: int, how_many: int = 2) -> list[int]:
+@lru_cache(maxsize=65536)
+def virtual_node_breakpoints(virtual_nodes: int, count: int, how_many: int = 2) -> tuple[int, ...]:
     """The next sizes above `count` at which the busiest worker's share ceil(V/K) of V virtual nodes
-    drops (between them extra workers only add sync: a one-step greedy would stop on the plateau)."""
+    drops (between them extra workers only add sync: a one-step greedy would stop on the plateau).
+    Memoised: the greedy asks at every step, from few distinct (V, count)."""
     sizes: list[int] = []
     load = math.ceil(virtual_nodes / max(1, count))
     while load > 1 and len(sizes) < how_many:
@@ -325,12 +335,14 @@ def virtual_node_breakpoints(virtual_nodes: int, count: int, how_many: int = 2) 
         size = math.ceil(virtual_nodes / load)
         if size > count and (not sizes or size > sizes[-1]):
             sizes.append(size)
-    return sizes
+    return tuple(sizes)
 
 
 def _current_placement(demand: Demand, packing: SlicedPacking) -> Placement:
     """The job back at its current size on its current nodes."""
     nodes = set(demand.current_nodes)
+    if packing.never_shared:  # every node's share is 1
+        return Placement(len(demand.current_nodes), max(1, len(nodes)), 1.0)
     share = max((packing.share(n) for n in nodes if n), default=1.0)
     return Placement(len(demand.current_nodes), max(1, len(nodes)), share)
 
@@ -371,6 +383,8 @@ def _best_step(
     now = utility(demand, here)
     gpus = max(1, demand.gpus_per_worker)
     best = ((utility(demand, packing.placement(demand, node)) - now) / gpus, 1)
+    if demand.max <= count + 1:  # one worker is all it may add: no jump
+        return best
     for size, placement in _jumps(demand, packing, here, breakpoints(demand, count)).items():
         jump = (utility(demand, placement) - now) / (gpus * (size - count))
         best = max(best, (jump, size - count))
@@ -469,6 +483,28 @@ def _allocate(
     return {d.key: packing.count(d.key) for d in demands}
 
 
+# A job's best goodput at a placement (`JobModel.best`'s first element).
+PlacementValues = Callable[[Placement], float]
+
+
+@lru_cache(maxsize=8192)
+def _goodputs(model: JobModel) -> PlacementValues:
+    """`model.best(placement)[0]`, remembered across passes for as long as the job's model is the
+    same (its measurements unchanged: `fit_cached` gives an equal model). A pass asks every running
+    job about the same few placements as the pass before (at 10,000 jobs, thousands of evaluations
+    a pass), and the goodput at a placement depends on the model alone."""
+    seen: dict[tuple[int, int, float, float], float] = {}
+
+    def goodput(placement: Placement) -> float:
+        key = (placement.workers, placement.nodes, placement.share, placement.speed)
+        value = seen.get(key)
+        if value is None:
+            value = seen[key] = model.best(placement)[0]
+        return value
+
+    return goodput
+
+
 def _per_job(make: Callable[[Demand], T]) -> Callable[[Demand], T]:
     """`make(demand)` (a job's fitted models), worked out the first time a pass needs it and then
     remembered. Most jobs of a pass are never asked (at their max, or no node has room for them),
@@ -530,22 +566,26 @@ class GoodputPolicy:
             if d.eligible not in typical:
                 typical[d.eligible] = _typical_node(d.eligible, free, self.devices)
 
-        def model_and_baseline(demand: Demand) -> tuple[JobModel, float]:
+        def per_job(demand: Demand) -> tuple[JobModel, float, PlacementValues, float]:
+            """(model, baseline goodput, goodput at a placement, restart factor)."""
             model = info[demand.key].model()
-            return model, self._baseline(demand, model, fair[demand.key], typical[demand.eligible])
+            goodputs = _goodputs(model)
+            baseline = self._baseline(demand, goodputs, fair[demand.key], typical[demand.eligible])
+            return model, baseline, goodputs, self._restart_factor(demand)
 
-        job = _per_job(model_and_baseline)
+        job = _per_job(per_job)
 
         def speedup(demand: Demand, placement: Placement) -> float:
-            model, baseline = job(demand)
-            return model.best(placement)[0] / baseline
+            _, baseline, goodputs, _ = job(demand)
+            return goodputs(placement) / baseline
 
         def utility(demand: Demand, placement: Placement) -> float:
             if placement.workers <= 0:
                 return -NO_WORKERS_PENALTY
-            gain = speedup(demand, placement)
+            _, baseline, goodputs, factor = job(demand)
+            gain = goodputs(placement) / baseline
             if placement.workers != len(demand.current_nodes):
-                gain *= self._restart_factor(demand)
+                gain *= factor
             return -1.0 / gain if gain > 0 else -NO_WORKERS_PENALTY
 
         packing = SlicedPacking(free, self.devices)
@@ -602,10 +642,10 @@ class GoodputPolicy:
                 moves[demand.key] = (node,) * -new
         return moves
 
-    def _baseline(self, demand: Demand, model: JobModel, fair: int, typical_node: int) -> float:
+    def _baseline(self, demand: Demand, goodputs: PlacementValues, fair: int, typical_node: int) -> float:
         workers = fair if fair > 0 else max(1, demand.min)
         nodes = math.ceil(workers * max(1, demand.gpus_per_worker) / typical_node)
-        return max(model.best(Placement(workers, max(1, nodes)))[0], 1e-12)
+        return max(goodputs(Placement(workers, max(1, nodes))), 1e-12)
 
     def _restart_factor(self, demand: Demand) -> float:
         if not demand.current_nodes:

@@ -56,7 +56,7 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from .search import golden_min, grid_then_golden
 
@@ -91,11 +91,12 @@ class Measurement:
     speed: float = 1.0  # that type's relative compute speed (set when the speeds are known)
     virtual_nodes: int = 0  # V of the job (0 unknown: the workers' split is taken to be even)
 
-    @property
+    # Cached: a fit reads both for every measurement at every point of its searches.
+    @cached_property
     def placement(self) -> Placement:
         return Placement(self.workers, self.nodes, self.share, self.speed)
 
-    @property
+    @cached_property
     def tail(self) -> float:
         """The fraction of workers as busy as the slowest (`slowdown`'s tail)."""
         return busiest_fraction(self.virtual_nodes, self.workers)
@@ -287,10 +288,16 @@ def _line(xs: Sequence[float], ys: Sequence[float], fallback_slope: float) -> tu
     return intercept, slope
 
 
+def _with(params: ThroughputParams, **changes: float) -> ThroughputParams:
+    """`dataclasses.replace` without its per-call field introspection: the fits build a few hundred
+    parameter sets each, and that introspection was a quarter of a fit's time."""
+    return ThroughputParams(**(vars(params) | changes))
+
+
 def _compute_line(data: Sequence[Measurement], base: ThroughputParams) -> ThroughputParams:
     """The compute line under `base`'s contention, from each measurement's compute seconds divided by
     its time-slicing and contention factors."""
-    unit = replace(base, alpha_c=1.0, beta_c=0.0)  # compute_s(m) == 1: slowed_compute_s is the factor
+    unit = _with(base, alpha_c=1.0, beta_c=0.0)  # compute_s(m) == 1: slowed_compute_s is the factor
     xs = [m.micro_batch for m in data]
     ys = [m.compute_s / unit.slowed_compute_s(m.placement, 1.0, m.accum_steps, m.tail) for m in data]
     if max(xs) - min(xs) > 1e-9:
@@ -298,7 +305,7 @@ def _compute_line(data: Sequence[Measurement], base: ThroughputParams) -> Throug
     else:  # one micro-batch size seen: keep the prior's split between fixed and per-sample cost
         scale = (sum(ys) / len(ys)) / max(base.compute_s(xs[0]), 1e-12)
         alpha_c, beta_c = base.alpha_c * scale, base.beta_c * scale
-    return replace(base, alpha_c=alpha_c, beta_c=beta_c)
+    return _with(base, alpha_c=alpha_c, beta_c=beta_c)
 
 
 def _compute_error(data: Sequence[Measurement], params: ThroughputParams) -> float:
@@ -315,11 +322,11 @@ def _fit_compute(data: Sequence[Measurement], base: ThroughputParams) -> Through
         return _compute_line(data, base)
 
     def error(contention: float) -> float:
-        return _compute_error(data, _compute_line(data, replace(base, contention=contention)))
+        return _compute_error(data, _compute_line(data, _with(base, contention=contention)))
 
     found = golden_min(error, 0.0, CONTENTION_MAX)
     best = min((0.0, found), key=error)
-    return _compute_line(data, replace(base, contention=best))
+    return _compute_line(data, _with(base, contention=best))
 
 
 def _fit_overhead(data: Sequence[Measurement], base: ThroughputParams) -> float:
@@ -380,7 +387,7 @@ def _fit_sync(data: _SyncData, base: ThroughputParams, gamma: float) -> tuple[Th
         lines |= (
             {"alpha_local": alpha, "beta_local": beta} if local else {"alpha_net": alpha, "beta_net": beta}
         )
-    params = replace(base, **lines)
+    params = _with(base, **lines)
     error = sum(
         (
             m.accum_steps * compute

@@ -17,10 +17,11 @@ from ebbflow_operator.policies import (
     QualityPolicy,
     SlicedPacking,
     _cancel_relocations,
+    _goodputs,
     kept_in_place,
     virtual_node_breakpoints,
 )
-from ebbflow_operator.throughput import Measurement, Placement, ThroughputParams
+from ebbflow_operator.throughput import JobModel, Measurement, Placement, ThroughputParams
 
 from tests.builders import NODES4, make_demand
 
@@ -514,4 +515,27 @@ def test_packing_keeps_running_workers_on_their_nodes() -> None:
     ],
 )
 def test_virtual_node_breakpoints(virtual: int, count: int, expected: list[int]) -> None:
-    assert virtual_node_breakpoints(virtual, count) == expected
+    assert list(virtual_node_breakpoints(virtual, count)) == expected
+
+
+@pytest.mark.parametrize(
+    "placement",
+    [
+        pytest.param(Placement(1), id="one worker"),
+        pytest.param(Placement(8, 1), id="8 on one node"),
+        pytest.param(Placement(8, 3), id="8 spread over 3 nodes"),
+        pytest.param(Placement(4, 1, 2.0), id="time-sliced"),
+        pytest.param(Placement(4, 2, 1.0, 0.3), id="a slow GPU type"),
+        pytest.param(Placement(64, 8), id="beyond the virtual nodes"),
+    ],
+)
+@pytest.mark.parametrize("max_batch", [None, 1024], ids=["fixed batch", "adaptive batch"])
+def test_goodputs_is_the_models_best_and_kept_per_model(placement: Placement, max_batch: int | None) -> None:
+    """The cross-pass table gives `JobModel.best`'s goodput to the bit, and an equal model (the next
+    pass's, from the same measurements) finds the same table."""
+    model = JobModel(SCALES_WELL, 128, 16, noise_scale=500.0, max_batch=max_batch)
+    goodput = _goodputs(model)
+    assert goodput(placement) == model.best(placement)[0]
+    assert goodput(placement) == model.best(placement)[0]  # the remembered value
+    assert _goodputs(replace(model)) is goodput
+    assert _goodputs(replace(model, global_batch=256)) is not goodput
