@@ -2,17 +2,22 @@
 
 Two nodes in one process (each a real handler with its own heartbeats): in the first test one plays a
 node that completes a round as its rank 0 and dies before publishing the round's keys; in the second,
-a running node whose heartbeats stall while a newcomer joins.
+a running node whose heartbeats stall while a newcomer joins. The third puts a proxy between a node
+and its store that stops carrying packets, as a network partition does.
 """
 
 from __future__ import annotations
 
+import select
+import socket
 import threading
+import time
+from contextlib import suppress
 from datetime import timedelta
 from typing import Any
 
 from ebbflow_api.waiting import wait_for
-from ebbflow_trainer.rendezvous import GenerationRendezvousHandler
+from ebbflow_trainer.rendezvous import HUNG_CALL_GRACE, GenerationRendezvousHandler
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
@@ -23,6 +28,47 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 from tests.trainer_config import trainer_config
 
 HEARTBEAT, MISSED = 0.5, 3
+STORE_TIMEOUT = 3.0
+
+
+class Partition:
+    """A TCP proxy to a store that can stop carrying packets, as a network partition does: while cut,
+    open connections carry nothing (calls on them hang) and nothing listens for new ones."""
+
+    def __init__(self, target_port: int):
+        self._cut = threading.Event()
+        self._target = target_port
+        self.port = 0
+        self.heal()
+
+    def cut(self) -> None:
+        self._cut.set()
+        self._listener.shutdown(socket.SHUT_RDWR)  # stops listening now and wakes the accept()
+        self._listener.close()
+
+    def heal(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", self.port))  # the same port again
+        self.port = self._listener.getsockname()[1]
+        self._cut.clear()
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        with suppress(OSError):  # closed by cut()
+            while True:
+                client, _ = listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self._target))
+                threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        while True:
+            readable, _, _ = select.select([a, b], [], [], 0.1)
+            if self._cut.is_set():
+                continue
+            for source in readable:
+                data = source.recv(65536)
+                if not data:
+                    return
+                (b if source is a else a).sendall(data)
 
 
 def _torch_node(store: TCPStore, run_id: str) -> DynamicRendezvousHandler:
@@ -53,7 +99,7 @@ def _generation_node(port: int, run_id: str, max_replicas: int = 2) -> Generatio
             last_call_timeout=2.0,
             keep_alive_interval=HEARTBEAT,
             keep_alive_max_attempt=MISSED,
-            store_timeout=3.0,
+            store_timeout=STORE_TIMEOUT,
             join_timeout=60.0,
         )
     )
@@ -112,3 +158,33 @@ def test_a_node_dropped_for_missed_heartbeats_rejoins_instead_of_training_on_alo
     finally:
         stalled.stop_heartbeats()
         newcomer.stop_heartbeats()
+
+
+def test_a_store_connection_that_stops_carrying_packets_is_dropped_and_the_world_re_forms() -> None:
+    """TCPStore calls on such a connection outlive their timeout (the heartbeat thread hung in one,
+    holding the lock the agent's poll needs): the poll must come back within its bound, take the
+    store for lost (the world trains on), and once packets flow again ask for a new world."""
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
+    partition = Partition(server.port)
+    node = _generation_node(partition.port, "partitioned")
+    generations: list[int] = []
+    node.on_generation = generations.append
+    try:
+        assert node.next_rendezvous().world_size == 1
+        partition.cut()
+        # The agent polls; torch's handler answers from a cached state for a second, then asks the
+        # store, and that poll (or its heartbeat thread, holding the lock) meets the cut connection.
+        polls: list[float] = []
+        deadline = time.monotonic() + 60
+        while not polls or polls[-1] < STORE_TIMEOUT:
+            assert time.monotonic() < deadline, f"no poll met the cut connection: {polls}"
+            started = time.monotonic()
+            assert node.num_nodes_waiting() == 0, "while the store is unreachable the world trains on"
+            polls.append(time.monotonic() - started)
+        assert polls[-1] < STORE_TIMEOUT + HUNG_CALL_GRACE + 5, f"the poll hung with the connection: {polls}"
+        partition.heal()
+        assert node.num_nodes_waiting() == 1, "a store answering again must re-form the world"
+        assert node.next_rendezvous().world_size == 1
+        assert generations == [1, 2]
+    finally:
+        node.stop_heartbeats()

@@ -28,6 +28,16 @@ fresh"). So :meth:`GenerationRendezvousHandler.num_nodes_waiting`, which the age
 workers train, also reports a waiting node when this node is no longer a participant: the agent stops
 its workers at a step boundary and joins the current round, where the freshest state wins.
 
+**A store call that never returns.** TCPStore's timeout does not bound every call: on a connection
+that stops carrying packets (a network partition; seen on a loaded kind cluster between one worker
+and its store for about a minute), a ``get`` waits its timeout, then sends a cancellation and waits
+for the answer without any limit, so it hangs until the kernel gives up on the connection (about 15
+minutes). Torch's heartbeat thread hung that way holding its lock, and the agent's next
+``num_nodes_waiting`` blocked on the lock: the pod stayed Running and Ready, out of its job's world,
+for good. So the agent's poll runs with a bound (the store timeout plus ``HUNG_CALL_GRACE``); past it,
+the connection is taken for lost like a lost store: the handler and its client are abandoned (their
+stuck thread is left to the kernel) and the launcher connects afresh and re-forms the world.
+
 **Joining under load.** Torch's rendezvous loop names every step it records with
 ``dynamic_rendezvous.get_method_name``, which calls ``inspect.stack()`` twice: that resolves the source
 file of every frame by scanning ``sys.modules`` (python/cpython#92041), tens of milliseconds in a
@@ -91,6 +101,9 @@ PROBE_TIMEOUT = 1.0
 PROBE_INTERVAL = 0.5
 # Connecting a client once a probe succeeded: the address answers, so this is only the handshake.
 CONNECT_TIMEOUT = 10.0
+# Seconds beyond the store timeout that the agent's poll of torch's handler may take before its
+# connection is taken for hung (see the module docstring).
+HUNG_CALL_GRACE = 5.0
 
 
 def method_name(depth: int = 2) -> str:
@@ -107,6 +120,32 @@ dynamic_rendezvous.get_method_name = method_name
 
 class StoreLost(Exception):
     """No store answered at the rendezvous address within ``--store-loss-timeout`` of its loss."""
+
+
+class StoreCallHung(Exception):
+    """A call into the store outlived its own timeout: its connection carries nothing any more."""
+
+
+def call_with_bound(call: Callable[[], int], seconds: float, what: str) -> int:
+    """``call()``'s result, or StoreCallHung once it has run ``seconds``; it then runs on, forgotten,
+    in a daemon thread (a call blocked in C++ cannot be interrupted)."""
+    outcome: list[int | BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as error:  # handed to the caller below
+            outcome.append(error)
+        done.set()
+
+    threading.Thread(target=run, name=f"bounded {what}", daemon=True).start()
+    if not done.wait(seconds):
+        raise StoreCallHung(f"{what} did not return within {seconds:.0f} s")
+    result = outcome[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def store_answers(host: str, port: int) -> bool:
@@ -204,8 +243,14 @@ class GenerationRendezvousHandler(RendezvousHandler):
     # --- store loss ------------------------------------------------------------------------------
     def _store_lost(self, error: Exception) -> None:
         """The store stopped answering: stop this node's heartbeats and drop the client (it never
-        reconnects); the running world, if any, trains on."""
-        self.stop_heartbeats()
+        reconnects); the running world, if any, trains on. After a hung call, the heartbeat thread
+        may be stuck in the same store: it is told to stop, not waited for."""
+        if isinstance(error, StoreCallHung) and self._delegate is not None:
+            threading.Thread(
+                target=self._delegate._stop_heartbeats, name="stop hung heartbeats", daemon=True
+            ).start()
+        else:
+            self.stop_heartbeats()
         self._store, self._delegate = None, None
         if self._lost_since is None:
             self._lost_since = time.monotonic()
@@ -311,9 +356,11 @@ class GenerationRendezvousHandler(RendezvousHandler):
         there. At least 1 while this node's world runs but the rendezvous dropped it (see the module
         docstring). Raises StoreLost when none answered within ``--store-loss-timeout``."""
         if self._delegate is not None:
+            delegate = self._delegate
+            bound = self._config.store_timeout + HUNG_CALL_GRACE
             try:
-                waiting = int(self._delegate.num_nodes_waiting())
-            except STORE_LOST_ERRORS as error:
+                waiting = call_with_bound(delegate.num_nodes_waiting, bound, "the rendezvous poll")
+            except (*STORE_LOST_ERRORS, StoreCallHung) as error:
                 self._store_lost(error)
             else:
                 return max(waiting, 1) if self._dropped_from_the_world() else waiting
