@@ -12,7 +12,9 @@ from .jobs import JOB_DEADLINE_S
 
 
 def test_a_job_trains_to_the_end_on_real_pods(kind: Kind, namespace: str, operator: str) -> None:
-    jobs.apply(kind, jobs.digits_job("digits", 1, 3, steps=60, vnode_seconds=0.0))
+    # At least two workers: with one, a worker whose store was reachable first could rightly train the
+    # 60 steps alone (about a second) before the others' first round; one loaded run did just that.
+    jobs.apply(kind, jobs.digits_job("digits", 2, 3, steps=60, vnode_seconds=0.0))
     jobs.wait_phase(kind, "digits", "Succeeded")
     pods = jobs.worker_pods(kind, "digits")
     assert pods and all(p["status"]["phase"] == "Succeeded" for p in pods), jobs.describe(kind)
