@@ -3,13 +3,27 @@ purpose: no decisions here. The Reconciler is handed over in kopf's `memo` (see 
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import kopf
 from ebbflow_api import contract
 
 from .kube import LIST_PAGE_SIZE
+
+
+class RetryForever:
+    """kopf's request backoffs: 1, 1, 2, 3, then every 5 s for as long as the API server fails.
+
+    kopf ends the operator once a finite sequence runs out; a control plane that comes back slowly
+    (it answers 503 until all its paths are installed: longer than 12 s on a loaded CI machine, when
+    the sequence was 1, 1, 2, 3, 5) must not. Iterated afresh for each request; not Sized, so kopf
+    never counts a last attempt. A permanent error (RBAC taken away) is logged every 5 s instead."""
+
+    def __iter__(self) -> Iterator[float]:
+        return itertools.chain((1.0, 1.0, 2.0, 3.0), itertools.repeat(5.0))
 
 
 @kopf.on.startup()
@@ -20,8 +34,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 330
     # kopf lists before it watches (and again after a 410): in pages, as the reconciler's relists.
     settings.watching.chunk_size = LIST_PAGE_SIZE
-    # Reconnect within seconds after an API server outage (kopf's default climbs to 21 s).
-    settings.networking.error_backoffs = [1, 1, 2, 3, 5]
+    # Reconnect within seconds after an API server outage (kopf's default climbs to 21 s, then gives up).
+    settings.networking.error_backoffs = RetryForever()
 
 
 def _observe(kind: str, event: kopf.RawEvent, memo: kopf.Memo) -> None:
