@@ -13,7 +13,8 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-PYTEST=(.venv/bin/python -m pytest)
+# The slowest tests of each tier are listed at its end: where the next minutes of CI time are.
+PYTEST=(.venv/bin/python -m pytest --durations=15)
 timings=${EBBFLOW_TIMINGS:-/dev/null}
 prepare_log=$(mktemp "${TMPDIR:-/tmp}/ci-prepare-e2e.XXXXXX")
 unit_done="$prepare_log.unit-done"
