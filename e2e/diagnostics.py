@@ -8,7 +8,8 @@ from __future__ import annotations
 from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, RELEASE_NAMESPACE, Kind, KindError
 
 LOG_LINES = 25  # per pod: the trainer's last resumptions and steps
-EVENTS = 40
+# Each section's tail: a cut of the whole report once dropped the nodes, pods and jobs at its head.
+SECTION_CHARS = 8_000
 
 
 def _section(kind: Kind, title: str, *args: str) -> str:
@@ -16,12 +17,16 @@ def _section(kind: Kind, title: str, *args: str) -> str:
         body = kind.kubectl(*args, timeout=60)
     except KindError as error:
         body = f"(failed: {error})"
-    return f"--- {title}: kubectl {' '.join(args)}\n{body.rstrip()}\n"
+    body = body.rstrip()
+    if len(body) > SECTION_CHARS:
+        body = f"(first {len(body) - SECTION_CHARS} characters left out)\n" + body[-SECTION_CHARS:]
+    return f"--- {title}: kubectl {' '.join(args)}\n{body}\n"
 
 
 def cluster_state(kind: Kind) -> str:
     """Nodes, every pod, the e2e namespace's jobs and latest events, the last lines of each of its
-    pods' logs (previous container too, when one restarted) and of the operator's."""
+    pods' logs (previous container too, when one restarted), of the operator's and Cilium's, and
+    each Cilium agent's endpoints and drops."""
     parts = [
         _section(kind, "nodes", "get", "nodes", "-o", "wide"),
         _section(kind, "pods", "get", "pods", "-A", "-o", "wide"),
@@ -49,4 +54,21 @@ def cluster_state(kind: Kind) -> str:
     # The NetworkPolicy enforcer: its drops and regenerations when a job's own traffic is refused.
     cilium_log = ("-n", "kube-system", "logs", "-l", "k8s-app=cilium", "--prefix", f"--tail={LOG_LINES}")
     parts.append(_section(kind, "Cilium agents", *cilium_log))
-    return "\n".join(parts)[-60_000:]
+    parts.extend(_cilium_state(kind))
+    return "\n".join(parts)
+
+
+def _cilium_state(kind: Kind) -> list[str]:
+    """Per agent, its endpoints (identity, policy enforcement, state) and drop counters by reason:
+    whether a job's pod that cannot reach its store is dropped by policy, and on which node."""
+    try:
+        agents = kind.json("-n", "kube-system", "get", "pods", "-l", "k8s-app=cilium")["items"]
+    except KindError as error:
+        return [f"--- Cilium agents unreadable: {error}\n"]
+    parts = []
+    for agent in agents:
+        name, node = agent["metadata"]["name"], agent["spec"].get("nodeName", "?")
+        for what in (("endpoint", "list"), ("metrics", "list", "-p", "drop")):
+            command = ("-n", "kube-system", "exec", name, "-c", "cilium-agent", "--", "cilium-dbg", *what)
+            parts.append(_section(kind, f"Cilium on {node}, {' '.join(what)}", *command))
+    return parts
