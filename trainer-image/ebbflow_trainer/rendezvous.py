@@ -148,14 +148,23 @@ def call_with_bound(call: Callable[[], int], seconds: float, what: str) -> int:
     return result
 
 
-def store_answers(host: str, port: int) -> bool:
-    """Whether something accepts TCP connections at the address. A bare connect, closed at once: a
-    TCPStore client would wait out its whole timeout and log a stack trace for every failed attempt."""
+def probe_store(host: str, port: int) -> OSError | None:
+    """Why nothing accepts TCP connections at the address (None: something does). A bare connect,
+    closed at once: a TCPStore client would wait out its whole timeout and log a stack trace for
+    every failed attempt. The error tells a name that does not resolve from a connection refused
+    (no store listening) and from one timed out (dropped on the way, e.g. by a NetworkPolicy)."""
     try:
         with socket.create_connection((host, port), timeout=PROBE_TIMEOUT):
-            return True
-    except OSError:
-        return False
+            return None
+    except OSError as error:
+        return error
+
+
+def _reason(error: OSError | None) -> str:
+    """A probe's error in a log line: its message, or its type when it has none (a bare timeout)."""
+    if error is None:
+        return "no attempt yet"
+    return str(error) or type(error).__name__
 
 
 def serve(host: str, port: int, port_file: str | None) -> int:
@@ -211,10 +220,12 @@ class GenerationRendezvousHandler(RendezvousHandler):
         self._delegate: DynamicRendezvousHandler | None = None
         # When the store was found gone (None while it answers); a pod may also start before its store.
         self._lost_since: float | None = time.monotonic()
+        self._probe_error: OSError | None = None  # why the last probe found no store
         if not self._reconnect():
             log.warning(
-                "no rendezvous store answers at %s yet; waiting up to %.0f s (--store-loss-timeout)",
+                "no rendezvous store answers at %s yet (%s); waiting up to %.0f s (--store-loss-timeout)",
                 config.rdzv_endpoint,
+                _reason(self._probe_error),
                 config.store_loss_timeout,
             )
 
@@ -266,7 +277,8 @@ class GenerationRendezvousHandler(RendezvousHandler):
     def _reconnect(self) -> bool:
         """If a store answers at the address, connect to it afresh; whether this node has a store now."""
         config = self._config
-        if not store_answers(config.rdzv_host, config.rdzv_port):
+        self._probe_error = probe_store(config.rdzv_host, config.rdzv_port)
+        if self._probe_error is not None:
             return False
         try:
             store = connect(config, config.store_timeout, connect_timeout=CONNECT_TIMEOUT)
@@ -291,8 +303,8 @@ class GenerationRendezvousHandler(RendezvousHandler):
             return None
         return StoreLost(
             f"no rendezvous store answered at {self._config.rdzv_endpoint} for {timeout:.0f} s "
-            "(--store-loss-timeout): the rendezvous pod was not replaced in time, or its Service "
-            "does not reach it"
+            f"(--store-loss-timeout; last attempt: {_reason(self._probe_error)}): the rendezvous pod "
+            "was not replaced in time, or its Service does not reach it"
         )
 
     def _await_store(self) -> None:
