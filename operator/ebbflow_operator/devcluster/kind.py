@@ -130,10 +130,41 @@ class Kind:
         )
         run("docker", "exec", node, "sh", "-c", reset, timeout=120)
         wait_for(lambda: self.gpus_advertised((node,), gpus), timeout, f"{node} Ready with its GPUs again")
+        # Ready with GPUs is the kubelet and the device plugin; pods put there before its pod network
+        # and NetworkPolicy agents serve again would start on a half-made node.
+        wait_for(
+            lambda: not daemons_not_ready(self.json("get", "pods", "-A")["items"], node),
+            timeout,
+            f"the DaemonSets' pods on {node} Ready again",
+        )
 
 
-def _ready(node: dict[str, Any]) -> bool:
-    conditions = node.get("status", {}).get("conditions", [])
+def daemons_not_ready(pods: list[dict[str, Any]], node: str, workers: tuple[str, ...] = WORKERS) -> set[str]:
+    """The DaemonSets (namespace/name) that run a pod on another worker node but no Ready pod on
+    `node`: a worker given back is back once its agents (pod network, Cilium, device plugin) are."""
+    elsewhere, ready_here = set(), set()
+    for pod in pods:
+        owner = _daemonset(pod)
+        where = pod["spec"].get("nodeName")
+        if owner is None:
+            continue
+        if where == node and _ready(pod):
+            ready_here.add(owner)
+        elif where != node and where in workers:
+            elsewhere.add(owner)
+    return elsewhere - ready_here
+
+
+def _daemonset(pod: dict[str, Any]) -> str | None:
+    for owner in pod["metadata"].get("ownerReferences", []):
+        if owner.get("kind") == "DaemonSet":
+            return f"{pod['metadata']['namespace']}/{owner['name']}"
+    return None
+
+
+def _ready(obj: dict[str, Any]) -> bool:
+    """A node's or a pod's Ready condition."""
+    conditions = obj.get("status", {}).get("conditions", [])
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
