@@ -149,6 +149,41 @@ class Packing:
         placed.append(best)
         return True
 
+    def place_up_to(self, demand: Demand, workers: int) -> int:
+        """Places up to `workers` more workers of `demand`, exactly as that many `place` calls would
+        (stopping at the first that fails), and returns how many it placed. A run of the job's
+        running workers on one node goes back in one step: most of a pass at 10,000 jobs is putting
+        running workers back where they are, one index update each."""
+        placed = 0
+        while placed < workers:
+            run = self._sticky_run(demand, workers - placed)
+            if run == 0 and not self.place(demand):
+                break
+            placed += run or 1
+        return placed
+
+    def _sticky_run(self, demand: Demand, most: int) -> int:
+        """Places up to `most` workers on the node the job's next `place` would choose when that is
+        one of its running nodes, as many as that node's run of entries and free GPUs allow (each
+        `place` would take that node again); 0 when the next worker would go elsewhere."""
+        need = demand.gpus_per_worker
+        sticky = self._sticky.get(demand.key, demand.current_nodes)
+        for first, node in enumerate(sticky):
+            if node in demand.eligible and self.free.get(node, 0) >= need > 0:
+                run = 1
+                while first + run < len(sticky) and sticky[first + run] == node:
+                    run += 1
+                taken = min(run, most, self.free[node] // need)
+                del self._sticky_nodes(demand)[: first + taken]
+                self._take(node, need * taken)
+                self._placed.setdefault(demand.key, []).extend([node] * taken)
+                self._placed_on(demand, node)
+                return taken
+        return 0
+
+    def _placed_on(self, demand: Demand, node: str) -> None:
+        """Hook: a worker of `demand` was placed on `node` (for a subclass's per-job bookkeeping)."""
+
     def _sticky_nodes(self, demand: Demand) -> list[str]:
         """The job's running nodes not yet given back a worker (copied on first use only: a
         `setdefault` would copy them at every placement)."""
@@ -178,10 +213,9 @@ class Packing:
 
     def place_min(self, demand: Demand) -> bool:
         """All of the job's minimum, or nothing."""
-        for _ in range(demand.min):
-            if not self.place(demand):
-                self.withdraw(demand)
-                return False
+        if self.place_up_to(demand, demand.min) < demand.min:
+            self.withdraw(demand)
+            return False
         return True
 
 

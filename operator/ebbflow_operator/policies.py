@@ -205,10 +205,13 @@ class SlicedPacking(Packing):
             sticky = self._sticky_nodes(demand)
             del sticky[: sticky.index(node) + 1 if node in sticky else len(sticky)]
             self._take(node, demand.gpus_per_worker)
-            self._nodes.setdefault(demand.key, set()).add(node)
-            self._slowest[demand.key] = min(self._slowest.get(demand.key, math.inf), self.speed(node))
+            self._placed_on(demand, node)
         placed.append(node)
         return True
+
+    def _placed_on(self, demand: Demand, node: str) -> None:
+        self._nodes.setdefault(demand.key, set()).add(node)
+        self._slowest[demand.key] = min(self._slowest.get(demand.key, math.inf), self.speed(node))
 
     def withdraw(self, demand: Demand) -> None:
         super().withdraw(demand)
@@ -279,9 +282,9 @@ class SlicedPacking(Packing):
         many of its workers the node would hold on devices of their own) for each of the job's own
         nodes, most-used first, and the roomiest other node. [] when it runs on one node already."""
         need = demand.gpus_per_worker
-        on = Counter(self._placed.get(demand.key, []))
-        if need <= 0 or len(on) < 2:
+        if need <= 0 or len(self._nodes.get(demand.key, _NO_NODES)) < 2:
             return []
+        on = Counter(self._placed[demand.key])
         mine = sorted((n for n in on if n in demand.eligible), key=lambda n: (-on[n], n))
         options = [(node, on[node], on[node] + self._exclusive(node) // need) for node in mine]
         roomiest: tuple[int, str] | None = None
@@ -300,8 +303,7 @@ class SlicedPacking(Packing):
         now, so they fit)."""
         self.withdraw(demand)
         self._sticky[demand.key] = list(nodes)
-        for _ in nodes:
-            self.place(demand)
+        self.place_up_to(demand, len(nodes))
 
     def move(self, demand: Demand, node: str, workers: int) -> None:
         """Leaves the job with `workers` workers (at least those it has there), all on `node`: its
@@ -313,8 +315,7 @@ class SlicedPacking(Packing):
         self._placed[demand.key] = kept
         self._nodes[demand.key] = set(kept)
         self._sticky[demand.key] = [node] * (workers - len(kept))
-        for _ in range(workers - len(kept)):
-            self.place(demand)
+        self.place_up_to(demand, workers - len(kept))
 
 
 # A job's utility at a placement (higher is better); the greedy maximises their sum.
@@ -413,9 +414,7 @@ def _grow(jobs: Sequence[Demand], packing: SlicedPacking, utility: Utility, brea
         if heap and -heap[0][0] > gain + 1e-12:  # stale: someone else leads now
             heapq.heappush(heap, (-gain, created, key, add, packing.version, demand))
             continue
-        for _ in range(add):
-            if not packing.place(demand):
-                break
+        packing.place_up_to(demand, add)
         gain, add = _best_step(demand, packing, utility, breakpoints)
         if add and gain > 0:
             heapq.heappush(heap, (-gain, created, key, add, packing.version, demand))
@@ -424,6 +423,9 @@ def _grow(jobs: Sequence[Demand], packing: SlicedPacking, utility: Utility, brea
 def kept_in_place(demand: Demand, nodes: Sequence[str]) -> int:
     """How many of the job's running workers, most-used node first (`Demand.current_nodes`), a
     placement `nodes` keeps where they run before the first one it does not keep."""
+    common = min(len(nodes), len(demand.current_nodes))
+    if tuple(nodes[:common]) == demand.current_nodes[:common]:  # the usual case: placed in that order
+        return common
     left = Counter(nodes)
     kept = 0
     for node in demand.current_nodes:

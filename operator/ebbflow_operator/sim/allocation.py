@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from .. import policies
-from ..allocator import Demand, Packing, Policy, most_used_first
+from ..allocator import Demand, Packing, Policy
 from ..model import JobKey
 from ..policies import JobMetrics, NodeDevices, SlicedPacking, policy_named
 from .state import JobState
@@ -43,7 +43,7 @@ def demand(state: JobState, eligible: frozenset[str]) -> Demand:
         eligible=eligible,
         priority=job.priority,
         created=job.arrival_s,
-        current_nodes=most_used_first(state.workers),
+        current_nodes=state.current_nodes,
     )
 
 
@@ -86,8 +86,7 @@ def rigid_allocate(
     running = [(s, d) for s, d in zip(states, demands, strict=True) if s.workers]
     waiting = [(s, d) for s, d in zip(states, demands, strict=True) if not s.workers]
     for _, d in running:
-        for _ in d.current_nodes:
-            packing.place(d)
+        packing.place_up_to(d, len(d.current_nodes))
     waiting.sort(key=lambda sd: (-sd[1].priority, sd[1].created, sd[1].key))
     for _, d in waiting:
         need = d.max if name == "static" else d.min
@@ -117,17 +116,13 @@ class Placer(SlicedPacking):
             moved = moves.get(d.key, ())
             if moved:  # the workers on the target node stay; the others go there after everyone's
                 self._sticky[d.key] = [n for n in d.current_nodes if n == moved[0]]
-            for _ in range(min(counts.get(d.key, 0), len(d.current_nodes)) - len(moved)):
-                self.place(d)
+            self.place_up_to(d, min(counts.get(d.key, 0), len(d.current_nodes)) - len(moved))
         for d in ordered:  # moves before growth: the policy found their room after everyone grew
             if d.key in moves:
                 self._sticky[d.key] = list(moves[d.key])
-            for _ in moves.get(d.key, ()):
-                self.place(d)
+            self.place_up_to(d, len(moves.get(d.key, ())))
         for d in ordered:
-            want = counts.get(d.key, 0)
-            while self.count(d.key) < want and self.place(d):
-                pass
+            self.place_up_to(d, counts.get(d.key, 0) - self.count(d.key))
             if 0 < self.count(d.key) < d.min:
                 self.withdraw(d)
         return {d.key: self.nodes_of(d.key) for d in demands}

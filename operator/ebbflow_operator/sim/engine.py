@@ -102,10 +102,13 @@ class Simulation:
         # The rigid baselines run each job at its requested size; the elastic policies within [min, max].
         self.states = {j.name: JobState(j if policy in ELASTIC else j.rigid()) for j in jobs}
         self.arrived: dict[str, JobState] = {}  # arrived and unfinished, in arrival order
-        # The arrived jobs with workers, in arrival order, and the workers each job's rate was last
-        # worked out for: kept by `_changed`, which runs after every change of anyone's workers.
-        self.running: list[JobState] = []
+        # The jobs with workers, the workers each one's rate was last worked out for and, per node,
+        # the jobs rated on it: kept by `_changed`, which runs after every change of anyone's
+        # workers and looks only at the jobs `_set_workers` marked `touched` since it last ran.
+        self.running: dict[str, JobState] = {}
         self.rated: dict[str, list[str]] = {}
+        self.on_node: dict[str, set[str]] = {}
+        self.touched: set[str] = set()
         self.rebatched: set[str] = set()  # running jobs whose batch changed since they were rated
         # When each running job would finish, as worked out when it was last rated: a heap of
         # (finish time, arrival order, version, job); an entry whose version is not the job's is stale.
@@ -187,6 +190,7 @@ class Simulation:
             self.order[name] = len(self.order)
             self._request_pass(self.now + self.config.debounce_s)
         elif kind == SNAPSHOT:
+            self._sync_running()
             self.loss_at_cutoff = [
                 s.normalised_loss() for s in self.states.values() if s.job.arrival_s <= self.now
             ]
@@ -214,29 +218,37 @@ class Simulation:
             heapq.heappush(heap, entry)
         best, first = math.inf, None
         for _, _, _, name in sorted(candidates, key=lambda entry: entry[1]):
-            at = self.arrived[name].finish_time(self.now)
+            at = self.arrived[name].finish_time()
             if at < best:
                 best, first = at, name
         return best, first
 
     def _advance(self, to: float) -> None:
-        """Trains every running job up to `to` and integrates the utilisation."""
+        """Moves the clock to `to` and integrates the utilisation. The jobs catch up lazily
+        (`_sync`): nothing about them changes between events but their progress."""
         if to <= self.now:
             return
-        now, checkpoint_s = self.now, self.config.checkpoint_s  # once, not per job and event
-        for state in self.running:  # the others make no progress
-            state.advance(now, to, checkpoint_s)
         dt = to - self.now
         self.busy_gpu_s += self.busy * dt
         self.capacity_gpu_s += len(self.nodes) * self.devices.physical * dt
         self.now = to
 
+    def _sync(self, state: JobState) -> None:
+        """Brings the job's progress up to now: before its rate, pause, workers or progress change,
+        and before its progress is read."""
+        state.advance(self.now, self.config.checkpoint_s)
+
+    def _sync_running(self) -> None:
+        for state in self.running.values():
+            self._sync(state)
+
     def _complete(self, name: str) -> None:
         state = self.arrived.pop(name)
+        self._sync(state)
         state.progress = state.job.work_samples
         state.report_loss()
         state.finished_s = self.now
-        state.workers = []
+        self._set_workers(state, [])
         self._changed()
         self._request_pass(self.now + self.config.debounce_s)
 
@@ -257,8 +269,9 @@ class Simulation:
         self._request_pass(self.now + self.config.debounce_s)
 
     def _lose(self, state: JobState, survivors: list[str]) -> None:
+        self._sync(state)
         if self.policy in ELASTIC and len(survivors) >= state.job.min_workers:
-            state.workers = survivors
+            self._set_workers(state, survivors)
             state.paused_until = self.now + self.config.rescale_pause_s
             state.rescales += 1
             return
@@ -266,7 +279,7 @@ class Simulation:
             state.hand_over()
         else:
             state.roll_back()
-        state.workers = []
+        self._set_workers(state, [])
 
     # --- allocation ------------------------------------------------------------------------------
 
@@ -274,6 +287,7 @@ class Simulation:
         states = list(self.arrived.values())
         if not states:
             return
+        self._sync_running()  # the steps and losses the policies read
         eligible = frozenset(self.nodes)
         demands = [demand(s, eligible) for s in states]
         free = {n: self.devices.replicas for n in self.nodes}
@@ -321,6 +335,7 @@ class Simulation:
         """Applies a job's new nodes; charges a start, a rescale or a hand-over."""
         if sorted(nodes) == sorted(state.workers):
             return False
+        self._sync(state)
         if not state.workers:
             state.paused_until = self.now + (self.config.restart_s if state.lost_state else 0.0)
             state.lost_state = False
@@ -332,44 +347,57 @@ class Simulation:
         else:
             state.paused_until = self.now + self.config.rescale_pause_s
             state.rescales += 1
-        state.workers = nodes
+        self._set_workers(state, nodes)
         return True
+
+    def _set_workers(self, state: JobState, nodes: list[str]) -> None:
+        """Every change of a job's workers goes through here, so that `_changed` finds it."""
+        self._sync(state)
+        state.set_workers(nodes)
+        self.touched.add(state.job.name)
 
     def _changed(self) -> None:
         """Brings node usage, the running jobs' rates and the utilisation up to date after a change.
 
         `rated` holds the workers each running job was last rated on, which are the ones `used`
-        counts: only the jobs whose workers differ from them (or that stopped) move the usage, and a
-        job's rate depends only on its workers and their nodes' usage, so only those jobs and the
-        ones sharing a node with them are rated again (re-rating another would repeat its rate and
-        its last report). With thousands of jobs running, a change touches a few."""
-        used, rated = self.used, self.rated
-        running = [state for state in self.arrived.values() if state.workers]
-        stopped = [state for state in self.running if not state.workers]
+        counts: only the touched jobs whose workers differ from them (or that stopped) move the
+        usage, and a job's rate depends only on its workers and their nodes' usage, so only those
+        jobs, the ones rated on a node whose usage moved and the rebatched ones are rated again
+        (re-rating another would repeat its rate and its last report). With thousands of jobs
+        running, a change touches a few, and finding them costs what they are, not the cluster."""
+        used, rated, on_node = self.used, self.rated, self.on_node
         moved: set[str] = set()
-        for state in stopped + [s for s in running if s.workers != rated.get(s.job.name)]:
-            gpus = state.job.gpus_per_worker
-            for node in rated.get(state.job.name, ()):
+        changed = [
+            state
+            for state in map(self.states.__getitem__, self.touched)
+            if state.workers != rated.get(state.job.name, [])
+        ]
+        self.touched.clear()
+        for state in changed:
+            name, gpus = state.job.name, state.job.gpus_per_worker
+            for node in rated.pop(name, ()):
+                on_node[node].discard(name)
                 if node in used:  # not a node that has just gone
                     used[node] -= gpus
                     moved.add(node)
             for node in state.workers:
                 used[node] += gpus
                 moved.add(node)
-        for state in stopped:
-            state.rate = 0.0
-            rated.pop(state.job.name, None)
-            self.finish_version.pop(state.job.name, None)
-        self.running = running
-        for state in running:
-            if (
-                state.workers != rated.get(state.job.name)
-                or not moved.isdisjoint(state.workers)
-                or state.job.name in self.rebatched
-            ):
-                self._rate(state)
-                rated[state.job.name] = list(state.workers)
-                self._expect(state)
+            if not state.workers:
+                state.rate = 0.0
+                del self.running[name]
+                self.finish_version.pop(name, None)
+        again = {s.job.name for s in changed if s.workers} | (self.rebatched & self.running.keys())
+        for node in moved:
+            again |= on_node.get(node, set())
+        for name in again:
+            state = self.running[name] = self.arrived[name]
+            self._sync(state)  # at its old rate up to now
+            self._rate(state)
+            rated[name] = list(state.workers)
+            for node in rated[name]:
+                on_node.setdefault(node, set()).add(name)
+            self._expect(state)
         self.rebatched.clear()
         self._account()
 
@@ -378,7 +406,7 @@ class Simulation:
         self.versions += 1
         name = state.job.name
         self.finish_version[name] = self.versions
-        at = state.finish_time(self.now)
+        at = state.finish_time()
         if at < math.inf:
             heapq.heappush(self.finishing, (at, self.order[name], self.versions, name))
 

@@ -178,3 +178,44 @@ def test_packing_best_fit_matches_a_scan_of_every_node(seed: int) -> None:
         assert placed == (expected is not None)
         if placed:
             assert packing.nodes_of(d.key)[-1] == expected
+
+
+def one_at_a_time(packing: Packing, demand: Demand, workers: int) -> int:
+    """What `place_up_to` must equal: `place` until it fails."""
+    placed = 0
+    while placed < workers and packing.place(demand):
+        placed += 1
+    return placed
+
+
+@pytest.mark.parametrize("sliced", [False, True], ids=["packing", "sliced"])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_place_up_to_places_as_one_worker_at_a_time_would(seed: int, sliced: bool) -> None:
+    """`place_up_to` puts a run of a job's running workers on one node in one step; every node, count,
+    free GPU, and the next choice of every job must be what single placements give."""
+    rnd = random.Random(seed)
+    free, devices = cluster(rnd)
+    demands = jobs(rnd, free)
+    batched, single = (
+        (SlicedPacking(free, devices), SlicedPacking(free, devices))
+        if sliced
+        else (
+            Packing(free),
+            Packing(free),
+        )
+    )
+    for _ in range(30):
+        d = rnd.choice(demands)
+        if rnd.random() < 0.1:
+            batched.withdraw(d)
+            single.withdraw(d)
+            continue
+        workers = rnd.randint(0, 5)
+        assert batched.place_up_to(d, workers) == one_at_a_time(single, d, workers)
+        assert batched.free == single.free
+        for job in demands:
+            assert batched.nodes_of(job.key) == single.nodes_of(job.key)
+            if isinstance(batched, SlicedPacking) and isinstance(single, SlicedPacking):
+                assert batched.peek(job) == single.peek(job)
+                assert batched.placement(job) == single.placement(job)
+                assert batched.room(job) == single.room(job)

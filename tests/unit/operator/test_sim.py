@@ -415,3 +415,29 @@ def test_placer_without_moves_keeps_running_workers_where_they_are() -> None:
     free = {"n0": 4, "n1": 4}
     a = make_demand("a", 1, 4, nodes=free, current=("n1", "n1", "n0", "n0"))
     assert Placer(free, {}).apply([a], {a.key: 4}) == {a.key: ["n1", "n1", "n0", "n0"]}
+
+
+@pytest.mark.parametrize("syncs", [1, 7, 250], ids=["one-catch-up", "a-few", "every-few-seconds"])
+def test_progress_and_loss_reports_do_not_depend_on_how_often_a_job_catches_up(syncs: int) -> None:
+    """The engine brings a job's progress up to date lazily (`JobState.advance` from `synced_s`), so
+    how often it does must not show: the same progress and checkpoint (to rounding) and the same
+    loss reports, each at a milestone step (1.25x the last, at least one step on), as the trainers
+    would report them."""
+    state = JobState(job(seconds=5000.0))
+    state.set_workers(["node-00000"] * 4)
+    state.rate = rate(state.job, 4, 1)
+    state.paused_until = 100.0  # a pause at the start counts no progress
+    state.report_loss()
+    for i in range(1, syncs + 1):
+        state.advance(3000.0 * i / syncs, checkpoint_s=1800.0)
+    expected_samples = state.rate * 2900.0
+    assert state.progress == pytest.approx(expected_samples, rel=1e-12)
+    assert state.checkpoint == pytest.approx(state.rate * 1800.0, rel=1e-12)
+    milestones = [0.0]
+    while (step := max(milestones[-1] * 1.25, milestones[-1] + 1.0)) <= state.steps:
+        milestones.append(step)
+    assert [step for step, _ in state.losses] == milestones
+    assert [loss for _, loss in state.losses] == [state.job.loss.loss(step) for step in milestones]
+    assert state.finish_time() == pytest.approx(
+        3000.0 + (state.job.work_samples - state.progress) / state.rate
+    )
