@@ -22,7 +22,7 @@ PYPROJECTS := pyproject.toml api/pyproject.toml operator/pyproject.toml trainer-
 
 .PHONY: help demo install tools cluster-up cluster-down lint typecheck test test-unit test-trainer \
 	test-gpu test-integration test-e2e crds base-image images images-test kind-images kind-up \
-	kind-smoke kind-down bench-operator bench-trainer bench-vs-kubeflow clean
+	kind-smoke kind-down bench-operator bench-trainer bench-vs-kubeflow sim-native clean
 
 help: ## List every target with one line.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -108,6 +108,9 @@ bench-operator: install tools ## Operator benchmark: 100 jobs on 500 fake GPU no
 
 bench-trainer: install ## Trainer rescale-pause benchmark against stock torchrun; see bench/README.md.
 	$(PY) bench/trainer_rescale.py
+
+sim-native: install ## The simulator's hot modules compiled with mypyc into build/sim-native (checked to decide as the source does); use with PYTHONPATH=build/sim-native.
+	@bash hack/sim-native.sh
 
 bench-vs-kubeflow: install tools ## Ebbflow vs Kubeflow's elastic PyTorchJob on fresh kind clusters, same disruptions, each three times (2 h 15 min measured; Ebbflow alone 23 min); see bench/README.md.
 	$(PY) bench/vs_kubeflow.py

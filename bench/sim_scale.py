@@ -5,7 +5,9 @@
 Same cluster shape as sim_policies.py (8 GPUs per node, half spot, 0.05 preemptions per spot
 node-hour). Prints per policy the wall time, the process's CPU time (on a shared machine the wall
 time is inflated by contention, the CPU time much less), the 1-minute load average before and after,
-the passes (allocate() calls) and the seconds per pass;
+the passes (`decide()` calls) and the seconds per pass, and whether the simulator's native build
+ran (`make sim-native`, then `PYTHONPATH=build/sim-native` before this command: the same modules
+compiled with mypyc, checked to decide exactly as the source does);
 `--profile` prints the top functions by cumulative time. Writes bench/results/sim_scale.json.
 """
 
@@ -18,6 +20,7 @@ import pstats
 import time
 from pathlib import Path
 
+from ebbflow_operator import policies
 from ebbflow_operator.sim.allocation import POLICIES
 from ebbflow_operator.sim.cluster import ClusterConfig
 from ebbflow_operator.sim.engine import SimConfig, Simulation
@@ -26,21 +29,11 @@ from ebbflow_operator.sim.trace import TraceConfig, generate
 REPO = Path(__file__).resolve().parents[1]
 
 
-class CountingSimulation(Simulation):
-    """Counts allocation passes."""
-
-    passes = 0
-
-    def _pass(self) -> None:
-        self.passes += 1
-        super()._pass()
-
-
 def run(policy: str, args: argparse.Namespace) -> dict[str, float | int | str]:
     cluster = ClusterConfig(gpus=args.gpus, gpus_per_node=8, spot_fraction=0.5, preempt_rate_per_hour=0.05)
     config = SimConfig(cluster=cluster, seed=args.seed, tick_s=args.tick_s, debounce_s=args.debounce_s)
     jobs = generate(TraceConfig(jobs=args.jobs, gpus=args.gpus, load=args.load), args.seed)
-    sim = CountingSimulation(jobs, policy, config)
+    sim = Simulation(jobs, policy, config)
     load_before = _load()
     started, cpu_started = time.perf_counter(), time.process_time()
     if args.profile:
@@ -56,6 +49,7 @@ def run(policy: str, args: argparse.Namespace) -> dict[str, float | int | str]:
         "cpu_s": round(cpu, 2),
         "load_1min_before_after": [load_before, _load()],
         "passes": sim.passes,
+        "native": policies.__file__ is not None and not policies.__file__.endswith(".py"),
         "s_per_pass": round(wall / max(1, sim.passes), 4),
     }
 

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import ItemsView, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from itertools import groupby
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from .model import JobKey
 
@@ -219,12 +219,6 @@ class Packing:
         return True
 
 
-class Policy(Protocol):
-    """Decides every job's worker count from the demands and the free GPUs per node."""
-
-    def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]: ...
-
-
 @dataclass(frozen=True)
 class Allocation:
     """Every job's worker count, for jobs whose spec lets it change the global batch chosen, and for
@@ -236,18 +230,13 @@ class Allocation:
     moves: dict[JobKey, tuple[str, ...]] = field(default_factory=dict)
 
 
-@runtime_checkable
-class BatchPolicy(Policy, Protocol):
-    """A policy that also chooses the global batch of jobs that allow it (spec.maxGlobalBatchSize)."""
+class Policy(Protocol):
+    """Decides every job's worker count from the demands and the free GPUs per node (`allocate`);
+    `decide` adds what else the policy chooses (batches, moves), none for most."""
+
+    def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]: ...
 
     def decide(self, demands: Sequence[Demand], free: Mapping[str, int]) -> Allocation: ...
-
-
-def allocate(policy: Policy, demands: Sequence[Demand], free: Mapping[str, int]) -> Allocation:
-    """The policy's counts, with its batch choices when it makes any."""
-    if isinstance(policy, BatchPolicy):
-        return policy.decide(demands, free)
-    return Allocation(policy.allocate(demands, free))
 
 
 @dataclass(frozen=True)
@@ -262,6 +251,9 @@ class PriorityFairShare:
     """
 
     name: str = field(default="priority-fair")
+
+    def decide(self, demands: Sequence[Demand], free: Mapping[str, int]) -> Allocation:
+        return Allocation(self.allocate(demands, free))
 
     def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]:
         packing = Packing(free)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ebbflow_api import contract
 
-from .allocator import Demand, Policy, allocate, most_used_first
+from .allocator import Demand, Policy, most_used_first
 from .capacity import cluster_capacity, eligible_nodes, matches_selector
 from .model import Job, JobKey, Node, Pod
 from .planner import TERMINAL_PHASES, Observed, Plan, PlannerConfig, hold_cap, plan_job
@@ -113,7 +113,7 @@ def decide(
         movable += held
         demands.append(_demand(job, held, eligible[job.key], now))
     capacity = cluster_capacity(selected, pods, movable)
-    allocation = allocate(policy, demands, capacity.free)
+    allocation = policy.decide(demands, capacity.free)
     plans = []
     remembered: dict[JobKey, tuple[PlanInputs, Plan]] = {}
     # Free GPUs per set of eligible nodes: jobs of one shape share the set, so each is summed once

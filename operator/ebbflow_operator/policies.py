@@ -682,6 +682,9 @@ class QualityPolicy:
     horizon_s: float = 300.0
     name: str = field(default="quality")
 
+    def decide(self, demands: Sequence[Demand], free: Mapping[str, int]) -> Allocation:
+        return Allocation(self.allocate(demands, free))
+
     def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]:
         info = _metrics_of(demands, self.metrics)
 

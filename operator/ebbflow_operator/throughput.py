@@ -55,7 +55,7 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import cached_property, lru_cache
 
 from .search import golden_min, grid_then_golden
@@ -288,10 +288,14 @@ def _line(xs: Sequence[float], ys: Sequence[float], fallback_slope: float) -> tu
     return intercept, slope
 
 
+_PARAMS = tuple(f.name for f in fields(ThroughputParams))
+
+
 def _with(params: ThroughputParams, **changes: float) -> ThroughputParams:
     """`dataclasses.replace` without its per-call field introspection: the fits build a few hundred
-    parameter sets each, and that introspection was a quarter of a fit's time."""
-    return ThroughputParams(**(vars(params) | changes))
+    parameter sets each, and that introspection was a quarter of a fit's time. (Not `vars`: the
+    simulator's native build compiles this class, which then has no `__dict__`.)"""
+    return ThroughputParams(**{name: changes.get(name, getattr(params, name)) for name in _PARAMS})
 
 
 def _compute_line(data: Sequence[Measurement], base: ThroughputParams) -> ThroughputParams:

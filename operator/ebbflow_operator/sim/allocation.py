@@ -3,7 +3,7 @@
 Elastic policies (`fair`, `goodput`, `quality`) are the operator's own classes: each pass gets one
 `Demand` per arrived, unfinished job (its bounds, priority, arrival as `created`, the nodes its
 running workers sit on as `current_nodes`) and every live node's advertised GPUs as free (every
-running worker is movable, as `decide` counts it), then `allocate()`. `decide._demand` itself takes
+running worker is movable, as `decide` counts it), then `decide()`. `decide._demand` itself takes
 Kubernetes objects (a Job and its Pods), so the same fields are filled here from the trace.
 
 Rigid baselines keep a running job's size and nodes until it ends or loses a node:

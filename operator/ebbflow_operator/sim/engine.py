@@ -3,8 +3,8 @@
 Events: arrivals, completions (computed from each running job's rate), node preemptions and
 additions, a loss snapshot at the cutoff, and allocation passes. A pass runs after any event that
 changes demand or capacity (coalesced over `debounce_s`, like the operator's debounce) and at least
-every `tick_s` while jobs remain (the operator's resync). A pass calls the policy's `allocate()`
-(goodput: `decide()`, which also chooses the batch of the jobs that allow it) with the demands
+every `tick_s` while jobs remain (the operator's resync). A pass calls the policy's `decide()`
+(the counts, and goodput's batches and moves) with the demands
 `allocation.demand` builds, places the counts (`Placer`), applies the batches and charges:
 - a resize of a running job (count or nodes changed, a goodput move onto one node included):
   `rescale_pause_s` without progress (the trainer's measured pause is 1.4-6 s; 5 s by default),
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..model import JobKey
-from ..policies import GoodputPolicy, NodeDevices
+from ..policies import NodeDevices
 from ..throughput import Placement, compute_speeds
 from .allocation import ELASTIC, POLICIES, Placer, demand, elastic_policy, key_of, rigid_allocate
 from .cluster import ClusterConfig, initial_nodes, lifetime_s, node_type, replacement
@@ -122,6 +122,7 @@ class Simulation:
         self.events: list[tuple[float, int, int, str]] = []
         self.serial = 0
         self.pending_pass: float | None = None
+        self.passes = 0  # allocation passes run (what a simulation's time mostly goes to)
         self.busy = 0
         self.busy_gpu_s = 0.0
         self.capacity_gpu_s = 0.0
@@ -284,6 +285,7 @@ class Simulation:
     # --- allocation ------------------------------------------------------------------------------
 
     def _pass(self) -> None:
+        self.passes += 1
         states = list(self.arrived.values())
         if not states:
             return
@@ -302,11 +304,8 @@ class Simulation:
         if self.policy in ELASTIC:
             pause = self.config.rescale_pause_s
             policy = elastic_policy(self.policy, states, devices, self.now, pause, speeds)
-            if isinstance(policy, GoodputPolicy):
-                decision = policy.decide(demands, free)
-                counts, batches, moves = decision.counts, decision.global_batch, decision.moves
-            else:
-                counts = policy.allocate(demands, free)
+            decision = policy.decide(demands, free)
+            counts, batches, moves = decision.counts, decision.global_batch, decision.moves
         else:
             counts = rigid_allocate(self.policy, states, demands, free)
         placed = Placer(free, devices).apply(demands, counts, moves)
