@@ -314,6 +314,7 @@ class SlicedPacking(Packing):
         kept = [n for n in placed if n == node]
         self._placed[demand.key] = kept
         self._nodes[demand.key] = set(kept)
+        self._slowest[demand.key] = self.speed(node)  # it runs on that node alone now
         self._sticky[demand.key] = [node] * (workers - len(kept))
         self.place_up_to(demand, workers - len(kept))
 

@@ -240,6 +240,18 @@ def test_move_leaves_the_job_on_one_node(workers: int, nodes: list[str]) -> None
     assert packing.placement(job) == Placement(workers=workers, nodes=1, share=1.0)
 
 
+def test_move_onto_a_faster_node_runs_at_its_speed() -> None:
+    """Spread over a slow node and a fast one, the job runs at the slow one's pace; moved onto the
+    fast node alone, at the fast one's (the slowest GPU type is the new node's, not the old min)."""
+    free = {"fast": 4, "slow": 4}
+    devices = {"fast": NodeDevices(4, 4, speed=2.0), "slow": NodeDevices(4, 4, speed=0.5)}
+    job = make_demand("j", 1, 4, nodes=free, current=("fast", "fast", "slow", "slow"))
+    packing = placed(SlicedPacking(free, devices), job)
+    assert packing.placement(job).speed == 0.5
+    packing.move(job, "fast", 4)
+    assert packing.placement(job) == Placement(workers=4, nodes=1, share=1.0, speed=2.0)
+
+
 @pytest.mark.parametrize(
     ("rescales", "age", "moves"),
     [
