@@ -44,8 +44,9 @@ def most_used_first(nodes: Sequence[str]) -> tuple[str, ...]:
 
 
 # What a packing's preferences look at on a node besides its name: (free GPUs, GPUs that would
-# still get a device of their own, spot, relative speed of its GPU type).
-NodeClass = tuple[int, int, bool, float]
+# still get a device of their own, spot, relative speed of its GPU type, whether a free GPU there
+# is one no running worker holds: see `SlicedPacking.hold`).
+NodeClass = tuple[int, int, bool, float, bool]
 
 
 class NodeIndex:
@@ -111,9 +112,10 @@ class Packing:
             self._index.put(node, self._class_of(node))
 
     def _class_of(self, node: str) -> NodeClass:
-        """Without device information every free GPU is exclusive, on-demand and of speed 1."""
+        """Without device information every free GPU is exclusive, on-demand, of speed 1 and held
+        by no running worker."""
         free = self.free[node]
-        return free, free, False, 1.0
+        return free, free, False, 1.0, True
 
     def _take(self, node: str, gpus: int) -> None:
         """`gpus` fewer free on `node` (negative: given back); keeps the index current."""
@@ -177,12 +179,12 @@ class Packing:
                 del self._sticky_nodes(demand)[: first + taken]
                 self._take(node, need * taken)
                 self._placed.setdefault(demand.key, []).extend([node] * taken)
-                self._placed_on(demand, node)
+                self._placed_on(demand, node, taken)
                 return taken
         return 0
 
-    def _placed_on(self, demand: Demand, node: str) -> None:
-        """Hook: a worker of `demand` was placed on `node` (for a subclass's per-job bookkeeping)."""
+    def _placed_on(self, demand: Demand, node: str, workers: int = 1) -> None:
+        """Hook: `workers` workers of `demand` were placed on `node` (a subclass's bookkeeping)."""
 
     def _sticky_nodes(self, demand: Demand) -> list[str]:
         """The job's running nodes not yet given back a worker (copied on first use only: a
@@ -196,7 +198,7 @@ class Packing:
         """The eligible node with the fewest free GPUs that still holds `need` (best fit keeps big
         holes whole), the first by name among equals."""
         best: tuple[int, str] | None = None
-        for (free, _, _, _), names in self._index.groups():
+        for (free, *_), names in self._index.groups():
             if free < need or (best is not None and free > best[0]):
                 continue
             name = first_acceptable(names, eligible)

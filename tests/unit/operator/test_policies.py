@@ -208,7 +208,8 @@ def placed(packing: SlicedPacking, demand: Demand) -> SlicedPacking:
             [("a", 2, 2), ("b", 2, 2), ("c", 0, 8)],
             id="and the roomiest other node",
         ),
-        pytest.param({"a": 4, "b": 4}, ("a", "a"), [], id="on one node already"),
+        pytest.param({"a": 4, "b": 4}, ("a", "a"), [("b", 0, 4)], id="on one node: the roomiest other"),
+        pytest.param({"a": 4, "b": 0}, ("a", "a"), [], id="on one node, no other with room"),
     ],
 )
 def test_single_nodes(
@@ -271,6 +272,27 @@ def test_goodput_moves_a_spread_job_onto_one_node(
     free = {"n0": 4, "n1": 4}
     decision = GoodputPolicy(metrics=job_metrics, now=NOW).decide([other, spread], free)
     assert decision.counts == {("ns", "j"): 4, ("ns", "other"): 2}
+    assert {key[1]: nodes for key, nodes in decision.moves.items()} == moves
+
+
+@pytest.mark.parametrize(
+    ("rescales", "age", "moves"),
+    [
+        pytest.param(0, NOW, {"j": ("n1",) * 4}, id="old job: moves off its full node to grow"),
+        pytest.param(5, 400.0, {}, id="young job that rescaled often: stays"),
+    ],
+)
+def test_goodput_moves_a_job_off_its_full_node(
+    rescales: int, age: float, moves: dict[str, tuple[str, ...]]
+) -> None:
+    """`j` runs 2 workers on n0, whose other 2 GPUs `other` holds; n1 is empty. Growing onto n1
+    would spread it (SYNC_BOUND: cross-node sync dominates), so the greedy leaves it at 2; running
+    4 on n1 pays the rescale pause unless the restart factor says it does not."""
+    job_metrics = {("ns", "j"): metrics(SYNC_BOUND, virtual=4, rescales=rescales, rescale_pause_s=60.0)}
+    job = make_demand("j", 1, 4, created=NOW - age, current=("n0", "n0"))
+    other = make_demand("other", 2, 2, created=0.0, current=("n0", "n0"))
+    decision = GoodputPolicy(metrics=job_metrics, now=NOW).decide([other, job], {"n0": 4, "n1": 4})
+    assert decision.counts == {("ns", "j"): 4 if moves else 2, ("ns", "other"): 2}
     assert {key[1]: nodes for key, nodes in decision.moves.items()} == moves
 
 
@@ -515,6 +537,44 @@ def test_packing_keeps_running_workers_on_their_nodes() -> None:
     job = make_demand("s", 1, 3, nodes={"a": 4, "b": 4}, current=("b", "b"))
     assert packing.place(job) and packing.place(job) and packing.place(job)
     assert packing.free == {"a": 4, "b": 1}
+
+
+@pytest.mark.parametrize(
+    ("free", "hold", "current", "expected"),
+    [
+        pytest.param({"a": 4, "b": 4}, True, (), "b", id="first worker: a GPU nobody holds over best fit"),
+        pytest.param({"a": 4, "b": 4}, False, (), "a", id="first worker without holds: best fit"),
+        pytest.param({"a": 4, "b": 0}, True, (), "a", id="first worker: a held GPU when nothing else fits"),
+        pytest.param({"a": 4, "b": 4, "c": 1}, True, ("c",), "b", id="growth: a GPU nobody holds"),
+        pytest.param({"a": 4, "b": 0, "c": 1}, True, ("c",), "a", id="growth: a held GPU if it must"),
+    ],
+)
+def test_packing_prefers_gpus_no_running_worker_holds(
+    free: dict[str, int], hold: bool, current: tuple[str, ...], expected: str
+) -> None:
+    """`other` runs 4 workers on a and is placed back at its minimum (1), as a pass starts: a's 3
+    other GPUs look free but its workers still run there. `job` (max 2; running on c, full, when
+    `current`) places its next worker on a GPU nobody holds when one fits, else on a held one."""
+    other = make_demand("other", 1, 4, nodes=free, current=("a",) * 4)
+    job = make_demand("job", 1, 2, nodes=free, current=current)
+    packing = SlicedPacking(free, {})
+    if hold:
+        packing.hold([other, job])
+    assert packing.place_min(other) and (not current or packing.place_min(job))
+    assert packing.peek(job) == expected
+
+
+def test_withdrawn_workers_hold_their_gpus_again() -> None:
+    """A job placed back on its nodes and then withdrawn (its minimum did not fit, or
+    `_cancel_relocations` places it anew) holds the GPUs of its running workers again."""
+    free = {"a": 4, "b": 4}
+    other = make_demand("other", 2, 4, nodes=free, current=("a",) * 4)
+    job = make_demand("job", 1, 1, nodes=free)
+    packing = SlicedPacking(free, {})
+    packing.hold([other, job])
+    assert packing.place_up_to(other, 4) == 4 and packing.peek(job) == "b"  # best fit, a full
+    packing.withdraw(other)
+    assert packing.free == free and packing.peek(job) == "b"  # a's 4 GPUs free, and held
 
 
 @pytest.mark.parametrize(
