@@ -177,14 +177,16 @@ class Packing:
                     run += 1
                 taken = min(run, most, self.free[node] // need)
                 del self._sticky_nodes(demand)[: first + taken]
+                self._placed_on(demand, node, taken)
                 self._take(node, need * taken)
                 self._placed.setdefault(demand.key, []).extend([node] * taken)
-                self._placed_on(demand, node, taken)
                 return taken
         return 0
 
     def _placed_on(self, demand: Demand, node: str, workers: int = 1) -> None:
-        """Hook: `workers` workers of `demand` were placed on `node` (a subclass's bookkeeping)."""
+        """Hook: `workers` workers of `demand` are being placed on `node` (a subclass's bookkeeping),
+        called just before their GPUs are taken, so that a change of the node's class it makes
+        lands in the index with that one update."""
 
     def _sticky_nodes(self, demand: Demand) -> list[str]:
         """The job's running nodes not yet given back a worker (copied on first use only: a

@@ -138,8 +138,8 @@ class SlicedPacking(Packing):
     def __init__(self, free: Mapping[str, int], devices: Mapping[str, NodeDevices]) -> None:
         self.devices = devices  # before `Packing.__init__`, which files the nodes by `_class_of`
         self._held: Counter[str] = Counter()  # per node: GPUs of running workers not placed back yet
-        self._holding: dict[JobKey, Counter[str]] = {}  # per job: its running workers not placed back
-        self._released: dict[JobKey, Counter[str]] = {}  # per job: holds its placed workers took back
+        self._running: dict[JobKey, Counter[str]] = {}  # per job: its running workers by node
+        self._holding: dict[JobKey, Counter[str]] = {}  # per job: those not placed back yet
         super().__init__(free)
         self._nodes: dict[JobKey, set[str]] = {}
         self._slowest: dict[JobKey, float] = {}
@@ -169,20 +169,28 @@ class SlicedPacking(Packing):
         rescales and 2 % lower simulated JCT for goodput; bench/README.md.)"""
         for demand in demands:
             if demand.gpus_per_worker > 0 and demand.current_nodes:
-                running = self._holding[demand.key] = Counter(demand.current_nodes)
+                running = self._running[demand.key] = Counter(demand.current_nodes)
+                self._holding[demand.key] = running.copy()
                 for node, workers in running.items():
                     self._held[node] += workers * demand.gpus_per_worker
         for node in self._held:
             if node in self.free:
                 self._index.put(node, self._class_of(node))
 
-    def _release(self, demand: Demand, node: str, workers: int, sign: int) -> None:
-        """`workers` of the job's running workers on `node` placed back (sign 1) or withdrawn (-1)."""
-        self._holding[demand.key][node] -= sign * workers
-        self._released.setdefault(demand.key, Counter())[node] += sign * workers
-        self._held[node] -= sign * workers * demand.gpus_per_worker
-        if node in self.free:
-            self._index.put(node, self._class_of(node))
+    def _hold_again(self, demand: Demand) -> list[str]:
+        """The job's running workers placed back are withdrawn: they hold their GPUs again. Returns
+        the nodes whose class that changes (for the caller to file once their GPUs are back)."""
+        running, holding = self._running.get(demand.key), self._holding.get(demand.key)
+        if not running or holding is None:
+            return []
+        changed = []
+        for node, workers in running.items():
+            back = workers - holding[node]
+            if back:
+                holding[node] = workers
+                self._held[node] += back * demand.gpus_per_worker
+                changed.append(node)
+        return changed
 
     def _used(self, node: str) -> int:
         dev = self.devices.get(node)
@@ -236,26 +244,28 @@ class SlicedPacking(Packing):
         if node:
             sticky = self._sticky_nodes(demand)
             del sticky[: sticky.index(node) + 1 if node in sticky else len(sticky)]
-            self._take(node, demand.gpus_per_worker)
             self._placed_on(demand, node)
+            self._take(node, demand.gpus_per_worker)
         placed.append(node)
         return True
 
     def _placed_on(self, demand: Demand, node: str, workers: int = 1) -> None:
         self._nodes.setdefault(demand.key, set()).add(node)
         self._slowest[demand.key] = min(self._slowest.get(demand.key, math.inf), self.speed(node))
-        running = self._holding.get(demand.key)
-        if running and running[node] > 0:
-            self._release(demand, node, min(workers, running[node]), 1)
+        holding = self._holding.get(demand.key)
+        if holding and holding[node] > 0:  # placed back where it runs: no longer held (filed by `_take`)
+            back = min(workers, holding[node])
+            holding[node] -= back
+            self._held[node] -= back * demand.gpus_per_worker
 
     def withdraw(self, demand: Demand) -> None:
+        held_again = self._hold_again(demand)
         super().withdraw(demand)
         self._nodes.pop(demand.key, None)
         self._slowest.pop(demand.key, None)
-        for node, workers in self._released.pop(demand.key, Counter()).items():
-            if workers:
-                self._release(demand, node, workers, -1)
-        self._released.pop(demand.key, None)
+        for node in held_again:
+            if node in self.free:
+                self._index.put(node, self._class_of(node))
 
     def room(self, demand: Demand) -> tuple[int, int, int]:
         """(workers that still get an exclusive device on the job's nodes, workers a fresh node
@@ -319,27 +329,27 @@ class SlicedPacking(Packing):
     def single_nodes(self, demand: Demand) -> list[tuple[str, int, int]]:
         """Where a job could run on one node: (node, its workers there now, how many of its workers
         the node would hold on devices of their own). For a job spread over several nodes, each of
-        its own nodes, most-used first; for any job, the roomiest other node (a job on one node
-        whose node is full may grow there: free GPUs scattered over busy nodes are worth little to
-        it, and staying put had kept such jobs below their best size while GPUs stood idle). []
-        when it has no placed workers."""
+        its own nodes, most-used first, and the roomiest other node; for a job on one node, the
+        roomiest other node when it holds more workers than the job has (there it may grow: free
+        GPUs scattered over busy nodes are worth little to it, and staying put had kept such jobs
+        below their best size while GPUs stood idle). [] when it has no placed workers."""
         need = demand.gpus_per_worker
         mine_now = self._nodes.get(demand.key, _NO_NODES)
         if need <= 0 or not mine_now:
             return []
-        on = Counter(self._placed[demand.key])
         options = []
         if len(mine_now) > 1:
+            on = Counter(self._placed[demand.key])
             mine = sorted((n for n in on if n in demand.eligible), key=lambda n: (-on[n], n))
             options = [(node, on[node], on[node] + self._exclusive(node) // need) for node in mine]
         roomiest: tuple[int, str] | None = None
         for (_, exclusive, *_), names in self._index.groups():
             if exclusive < need or (roomiest is not None and exclusive <= roomiest[0]):
                 continue
-            name = first_acceptable(names, demand.eligible, on.keys())
+            name = first_acceptable(names, demand.eligible, mine_now)
             if name is not None:
                 roomiest = (exclusive, name)
-        if roomiest is not None:
+        if roomiest is not None and (len(mine_now) > 1 or roomiest[0] // need > self.count(demand.key)):
             options.append((roomiest[1], 0, roomiest[0] // need))
         return options
 

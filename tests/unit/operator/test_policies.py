@@ -209,7 +209,7 @@ def placed(packing: SlicedPacking, demand: Demand) -> SlicedPacking:
             id="and the roomiest other node",
         ),
         pytest.param({"a": 4, "b": 4}, ("a", "a"), [("b", 0, 4)], id="on one node: the roomiest other"),
-        pytest.param({"a": 4, "b": 0}, ("a", "a"), [], id="on one node, no other with room"),
+        pytest.param({"a": 4, "b": 2}, ("a", "a"), [], id="on one node, no other with room for more"),
     ],
 )
 def test_single_nodes(
