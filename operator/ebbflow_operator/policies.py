@@ -196,6 +196,11 @@ class SlicedPacking(Packing):
         dev = self.devices.get(node)
         return dev.replicas - self.free.get(node, 0) if dev is not None else 0
 
+    def _most_exclusive(self) -> int:
+        """The most GPUs any node has that would get a device of their own."""
+        tally = self._index.by_exclusive()
+        return max((exclusive for exclusive, nodes in tally.items() if nodes > 0), default=0)
+
     def _exclusive(self, node: str) -> int:
         """GPUs on `node` that would still get a device of their own (all free ones if unknown)."""
         cls = self._index.class_of(node)
@@ -330,13 +335,17 @@ class SlicedPacking(Packing):
         """Where a job could run on one node: (node, its workers there now, how many of its workers
         the node would hold on devices of their own). For a job spread over several nodes, each of
         its own nodes, most-used first, and the roomiest other node; for a job on one node, the
-        roomiest other node when it holds more workers than the job has (there it may grow: free
-        GPUs scattered over busy nodes are worth little to it, and staying put had kept such jobs
-        below their best size while GPUs stood idle). [] when it has no placed workers."""
+        roomiest other node when it holds more workers than the job has, up to its max (there it
+        may grow: free GPUs scattered over busy nodes are worth little to it, and staying put had
+        kept such jobs below their best size while GPUs stood idle). [] when it has no placed
+        workers."""
         need = demand.gpus_per_worker
         mine_now = self._nodes.get(demand.key, _NO_NODES)
         if need <= 0 or not mine_now:
             return []
+        workers = self.count(demand.key)
+        if len(mine_now) == 1 and min(self._most_exclusive() // need, demand.max) <= workers:
+            return []  # at its max, or no node holds more of its workers: most jobs, found cheaply
         options = []
         if len(mine_now) > 1:
             on = Counter(self._placed[demand.key])
@@ -349,7 +358,7 @@ class SlicedPacking(Packing):
             name = first_acceptable(names, demand.eligible, mine_now)
             if name is not None:
                 roomiest = (exclusive, name)
-        if roomiest is not None and (len(mine_now) > 1 or roomiest[0] // need > self.count(demand.key)):
+        if roomiest is not None and (len(mine_now) > 1 or min(roomiest[0] // need, demand.max) > workers):
             options.append((roomiest[1], 0, roomiest[0] // need))
         return options
 
