@@ -13,7 +13,8 @@ Invariants shared with `PriorityFairShare`:
 - every granted count is 0 or within [min, max], and fits whole on eligible nodes (`Packing`);
 - running workers keep their nodes, except that goodput moves a job onto one node when that pays
   (a job spread over several, or one whose node is full while another has room to grow on:
-  `GoodputPolicy._consolidate`); growth prefers GPUs no running worker holds (`SlicedPacking.hold`).
+  `GoodputPolicy._consolidate`); goodput's growth prefers GPUs no running worker holds
+  (`SlicedPacking.hold`).
 Within a level, each job gets its minimum, then GPUs go to the job with the largest objective gain
 per GPU (a lazy greedy over a heap). A job's step is one worker, or a run of workers when its
 utility only pays off further on: to the next size where its busiest worker's share of the
@@ -539,7 +540,6 @@ def _allocate(
     demands: Sequence[Demand], packing: SlicedPacking, utility: Utility, breakpoints: Breakpoints
 ) -> dict[JobKey, int]:
     utility = _memoised(utility)
-    packing.hold(demands)
     ordered = sorted(demands, key=lambda d: (-d.priority, d.created, d.key))
     for _, level in groupby(ordered, key=lambda d: d.priority):
         jobs = [d for d in level if d.max >= d.min]
@@ -657,6 +657,7 @@ class GoodputPolicy:
             return -1.0 / gain if gain > 0 else -NO_WORKERS_PENALTY
 
         packing = SlicedPacking(free, self.devices)
+        packing.hold(demands)
         counts = _allocate(demands, packing, utility, _breakpoints(info))
         _cancel_relocations(demands, counts, packing)
         moves = self._consolidate(demands, counts, packing, speedup)
