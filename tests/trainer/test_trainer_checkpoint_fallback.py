@@ -20,7 +20,7 @@ def _train_to(root: Path, checkpoints: Path, steps: int) -> tuple[Node, str]:
     with running_job(root, min_replicas=1, max_replicas=1, steps=steps) as job:
         env = job.environment(**{contract.ENV_CHECKPOINT_PATH: str(checkpoints)})
         node = job.start_node(env=env)
-        assert job.wait_all([node], 180) == [0], job.logs()
+        assert job.wait_all([node], 300) == [0], job.logs()
         return node, node.log.read_text(errors="replace")
 
 

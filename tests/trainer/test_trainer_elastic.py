@@ -43,7 +43,7 @@ def _wait_for_world(job: Job, node: Node, size: int, min_step: int) -> dict[str,
         return last if last and last["world"] == size and last["step"] >= min_step else None
 
     try:
-        return wait_for(reached, 120, f"{node.name} to train at world size {size}")
+        return wait_for(reached, 240, f"{node.name} to train at world size {size}")
     except TimeoutError as error:
         raise TimeoutError(f"{error}\n{job.diagnose()}") from None
 
@@ -54,7 +54,7 @@ def test_deterministic_mode_is_bitwise_identical_for_every_world_size(
 ) -> None:
     with running_job(tmp_path, min_replicas=world_size, max_replicas=world_size) as job:
         nodes = [job.start_node() for _ in range(world_size)]
-        assert job.wait_all(nodes, 200) == [0] * world_size, job.logs()
+        assert job.wait_all(nodes, 300) == [0] * world_size, job.logs()
         assert set(job.world_sizes_by_step().values()) == {world_size}
         final = job.final_checkpoint()
     assert final["step"] == calm_reference["step"] == 200
@@ -67,7 +67,7 @@ def test_fast_mode_matches_within_float_tolerance(
 ) -> None:
     with running_job(tmp_path, min_replicas=world_size, max_replicas=world_size, mode="fast") as job:
         nodes = [job.start_node() for _ in range(world_size)]
-        assert job.wait_all(nodes, 200) == [0] * world_size, job.logs()
+        assert job.wait_all(nodes, 300) == [0] * world_size, job.logs()
         final = job.final_checkpoint()
     _assert_close(final, calm_reference)
 
@@ -100,7 +100,7 @@ def test_sigkill_of_any_worker_resumes_from_memory_at_world_size_two(
         )
         victim.kill_tree()
         survivors = [n for n in nodes if n is not victim]
-        assert job.wait_all(survivors, 150) == [0, 0], job.logs()
+        assert job.wait_all(survivors, 300) == [0, 0], job.logs()
 
         before = max(g["generation"] for n in survivors for g in _generations(n) if g["world"] == 3)
         after = [g for n in survivors for g in _generations(n) if g["generation"] > before]
@@ -135,7 +135,7 @@ def test_sigterm_leaves_gracefully_without_losing_a_step(
         assert leaver.process.wait(timeout=60) == contract.EXIT_SUCCESS, job.logs()
         (left,) = leaver.events("left")
         survivors = [n for n in nodes if n is not leaver]
-        assert job.wait_all(survivors, 150) == [0, 0], job.logs()
+        assert job.wait_all(survivors, 300) == [0, 0], job.logs()
 
         # Everyone stopped at the same step boundary, and the next world starts exactly there.
         last_generation = max(g["generation"] for g in _generations(leaver))
@@ -161,7 +161,7 @@ def test_a_joining_worker_receives_the_state_and_the_world_grows_at_a_step_bound
         first = [job.start_node() for _ in range(2)]
         _wait_for_world(job, first[0], 2, min_step=1)
         newcomer = job.start_node()
-        assert job.wait_all([*first, newcomer], 150) == [0, 0, 0], job.logs()
+        assert job.wait_all([*first, newcomer], 300) == [0, 0, 0], job.logs()
 
         (joined,) = [g for g in _generations(newcomer) if g["world"] == 3]
         assert joined["source"] == "peer", "the newcomer must receive the state from a peer"
@@ -189,7 +189,7 @@ def test_dynamic_batching_gives_a_three_times_slower_worker_a_quarter_of_the_bat
     ) as job:
         fast = job.start_node()
         slow = job.start_node("--slowdown", "3")
-        assert job.wait_all([fast, slow], 200) == [0, 0], job.logs()
+        assert job.wait_all([fast, slow], 300) == [0, 0], job.logs()
         slow_steps = slow.events("step")
         final = job.final_checkpoint()
     # The controller moved work, and over the last 50 steps the slow worker mostly ran 1 of 4 virtual
@@ -249,8 +249,8 @@ def test_a_node_that_arrives_after_the_job_finished_exits_0_at_once(tmp_path: Pa
     # last step, and waited for a round that would never form until its join timeout (10 min).
     with running_job(tmp_path, min_replicas=1, max_replicas=2) as job:
         first = job.start_node()
-        assert job.wait_all([first], 180) == [0], job.logs()
+        assert job.wait_all([first], 300) == [0], job.logs()
         late = job.start_node()
-        assert job.wait_all([late], 90) == [0], job.logs()
+        assert job.wait_all([late], 240) == [0], job.logs()
         assert "nothing left to train" in late.log.read_text(), job.logs()
         assert not late.events("step"), "the late node must not train"

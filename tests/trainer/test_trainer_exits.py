@@ -53,7 +53,7 @@ def _train(root: Path, world_size: int, corrupt: str | None, **settings: Any) ->
     with running_job(root, **settings) as job:
         env = _corrupt_env(job, corrupt) if corrupt is not None else None
         nodes = [job.start_node(env=env) for _ in range(world_size)]
-        job.wait_all(nodes, 200)
+        job.wait_all(nodes, 300)
     return job, nodes
 
 
@@ -88,7 +88,7 @@ def test_the_launcher_leaves_no_thread_running_when_it_returns(tmp_path: Path) -
     probe = (sys.executable, str(HERE / "launcher_probe.py"))
     with running_job(tmp_path, min_replicas=1, max_replicas=1, steps=5, launcher=probe) as job:
         node = job.start_node()
-        assert job.wait_all([node], 120) == [0], job.logs()
+        assert job.wait_all([node], 240) == [0], job.logs()
     [line] = [x for x in node.log.read_text().splitlines() if x.startswith("threads alive at exit: ")]
     assert json.loads(line.removeprefix("threads alive at exit: ")) == [], job.logs()
 
@@ -154,7 +154,7 @@ def test_a_diverged_job_keeps_its_last_finite_state_and_stops_with_the_nonfinite
             )
             for message in messages
         ]
-        codes = job.wait_all(nodes, 200)
+        codes = job.wait_all(nodes, 300)
     assert codes == [contract.EXIT_NONFINITE_LOSS] * 2, job.logs()
     skipped = list(range(CLEAN_STEPS + 1, CLEAN_STEPS + limit + 1))
     assert [_skipped(n) for n in nodes] == [skipped] * 2
@@ -197,11 +197,11 @@ def test_skipped_steps_are_counted_in_the_metric(tmp_path: Path) -> None:
             job, "2:", **{contract.ENV_MAX_NONFINITE_STEPS: str(limit), contract.ENV_METRICS_PORT: str(port)}
         )
         node = job.start_node(env=env)
-        wait_for(lambda: len(_skipped(node)) >= 2, 120, "two skipped steps")
+        wait_for(lambda: len(_skipped(node)) >= 2, 240, "two skipped steps")
         seen = len(_skipped(node))
         counted = _nonfinite_steps_metric(port)
         assert counted is not None and seen <= counted <= limit, (seen, counted)
-        assert job.wait_all([node], 120) == [contract.EXIT_NONFINITE_LOSS], job.logs()
+        assert job.wait_all([node], 240) == [contract.EXIT_NONFINITE_LOSS], job.logs()
     assert len(_skipped(node)) == limit
 
 
@@ -210,7 +210,7 @@ def test_sigterm_while_waiting_in_the_rendezvous_is_a_graceful_leave(tmp_path: P
     over: it exits 0, not 143, like any pod that left when asked."""
     with running_job(tmp_path, min_replicas=2, max_replicas=2, steps=5) as job:
         node = job.start_node()
-        wait_for(lambda: "attempts to join" in node.log.read_text(errors="replace"), 120, "the rendezvous")
+        wait_for(lambda: "attempts to join" in node.log.read_text(errors="replace"), 240, "the rendezvous")
         node.terminate()
-        assert job.wait_all([node], 60) == [contract.EXIT_SUCCESS], job.logs()
+        assert job.wait_all([node], 120) == [contract.EXIT_SUCCESS], job.logs()
     assert not node.events("step")

@@ -81,7 +81,7 @@ def _wait_for_world(job: Job, node: Node, size: int, min_step: int) -> dict[str,
         return last if last and last["world"] == size and last["step"] >= min_step else None
 
     try:
-        return wait_for(reached, 150, f"{node.name} to train at world size {size}")
+        return wait_for(reached, 300, f"{node.name} to train at world size {size}")
     except TimeoutError as error:
         raise TimeoutError(f"{error}\n{job.diagnose()}") from None
 

@@ -88,8 +88,8 @@ def test_every_worker_switches_to_a_new_global_batch_at_the_same_step(tmp_path: 
             job, lambda: any(ignored in n.log.read_text() for n in nodes), 60, "the ignored value's log line"
         )
         _write(batch_file, str(MAX))
-        _await(job, lambda: all(n.events("batch") for n in nodes), 60, "every worker to switch")
-        assert job.wait_all(nodes, 150) == [0, 0], job.logs()
+        _await(job, lambda: all(n.events("batch") for n in nodes), 120, "every worker to switch")
+        assert job.wait_all(nodes, 300) == [0, 0], job.logs()
         switches = [n.events("batch") for n in nodes]
         total = _assert_samples_add_up(job, nodes, steps)
         logs = "".join(n.log.read_text() for n in nodes)
@@ -112,7 +112,7 @@ def test_without_a_largest_batch_the_file_changes_nothing(
     with running_job(tmp_path, min_replicas=2, max_replicas=2) as job:
         env = job.environment(**{contract.ENV_GLOBAL_BATCH_SIZE_FILE: str(batch_file)})
         nodes = [job.start_node(env=env) for _ in range(2)]
-        assert job.wait_all(nodes, 200) == [0, 0], job.logs()
+        assert job.wait_all(nodes, 300) == [0, 0], job.logs()
         assert not any(n.events("batch") for n in nodes)
         assert _assert_samples_add_up(job, nodes, 200) == 200 * B
         final = job.final_checkpoint()
@@ -145,7 +145,7 @@ def test_a_newcomer_trains_at_the_global_batch_of_the_state_it_receives(tmp_path
             "the agents to admit the newcomer",
         )
         hold.unlink()
-        assert job.wait_all([*first, newcomer], 150) == [0, 0, 0], job.logs()
+        assert job.wait_all([*first, newcomer], 300) == [0, 0, 0], job.logs()
         nodes = [*first, newcomer]
         _assert_samples_add_up(job, nodes, steps)
         # Its first world: with both others, or (a node left behind on a busy machine) with one.

@@ -39,7 +39,7 @@ def _wait_for_world(job: Job, node: Node, size: int, min_step: int) -> None:
         return bool(steps) and max(steps) >= min_step
 
     try:
-        wait_for(reached, 150, f"{node.name} to train at world size {size}")
+        wait_for(reached, 300, f"{node.name} to train at world size {size}")
     except TimeoutError as error:
         raise TimeoutError(f"{error}\n{job.diagnose()}") from None
 
@@ -73,7 +73,7 @@ def _kill_a_pod_of_two(tmp_path: Path, calm_reference: dict[str, Any], args: lis
         victim = next(n for n in nodes if 0 in _ranks_at(n, 4))
         victim.kill_tree()
         (survivor,) = [n for n in nodes if n is not victim]
-        assert job.wait_all([survivor], 180) == [0], job.logs()
+        assert job.wait_all([survivor], 300) == [0], job.logs()
 
         assert _ranks_at(survivor, 2) == {0, 1}, "the survivor's two processes re-form a world of two"
         generations = survivor.events("generation")

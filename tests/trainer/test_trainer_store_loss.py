@@ -36,7 +36,7 @@ def _step(node: Node) -> int:
 
 def _wait_for_step(job: Job, nodes: list[Node], step: int, what: str) -> None:
     try:
-        wait_for(lambda: all(_step(n) >= step for n in nodes), 120, what)
+        wait_for(lambda: all(_step(n) >= step for n in nodes), 240, what)
     except TimeoutError as error:
         raise TimeoutError(f"{error}\n{job.diagnose()}") from None
 
@@ -55,7 +55,7 @@ def _lose_the_store(job: Job, nodes: list[Node]) -> tuple[float, int]:
             _step(n) >= killed_step + STEPS_WITHOUT_STORE for n in nodes
         )
 
-    wait_for(trained_on, 120, f"{STEPS_WITHOUT_STORE} steps trained without the store")
+    wait_for(trained_on, 240, f"{STEPS_WITHOUT_STORE} steps trained without the store")
     return lost_at, killed_step
 
 
@@ -86,7 +86,7 @@ def test_a_new_store_at_the_same_address_lets_the_world_re_form_from_memory(
         nodes = [job.start_node() for _ in range(2)]
         lost_at, _ = _lose_the_store(job, nodes)
         job.restart_rendezvous()
-        assert job.wait_all(nodes, 150) == [0, 0], job.logs()
+        assert job.wait_all(nodes, 300) == [0, 0], job.logs()
 
         before = [g for g in _generations(nodes) if g["time"] < lost_at]
         after = [g for g in _generations(nodes) if g["time"] >= lost_at]
@@ -106,7 +106,7 @@ def test_a_world_broken_while_the_store_is_away_waits_for_the_new_store_and_resu
         def world_of_three() -> bool:
             return all((n.last_step() or {}).get("world") == 3 and _step(n) >= KILL_AT_STEP for n in nodes)
 
-        wait_for(world_of_three, 120, f"a world of 3 at step {KILL_AT_STEP}")
+        wait_for(world_of_three, 240, f"a world of 3 at step {KILL_AT_STEP}")
         lost_at = time.time()
         job.kill_rendezvous()
         victim, survivors = nodes[2], nodes[:2]
@@ -121,10 +121,10 @@ def test_a_world_broken_while_the_store_is_away_waits_for_the_new_store_and_resu
             written = all(h.exists() and h.stat().st_mtime >= lost_at for h in handoffs)
             return written and time.time() >= lost_at + DOWN_SECONDS
 
-        wait_for(handed_over, 120, "the survivors' handoffs, their launchers waiting")
+        wait_for(handed_over, 240, "the survivors' handoffs, their launchers waiting")
         restarted_at = time.time()
         job.restart_rendezvous()
-        assert job.wait_all(survivors, 150) == [0, 0], job.logs()
+        assert job.wait_all(survivors, 300) == [0, 0], job.logs()
 
         before = [g for g in _generations(survivors) if g["time"] < lost_at]
         after = [g for g in _generations(survivors) if g["time"] >= restarted_at]

@@ -134,7 +134,7 @@ class Job:
             assert self.rdzv is not None and self.rdzv.poll() is None, f"rendezvous exited:\n{self.logs()}"
             return port_file.read_text() if port_file.exists() else ""
 
-        self.port = int(wait_for(serving, 60, "the rendezvous store"))
+        self.port = int(wait_for(serving, 120, "the rendezvous store"))
 
     def kill_rendezvous(self) -> None:
         """What losing the rendezvous pod's node does to the store: its process dies (SIGKILL) and
