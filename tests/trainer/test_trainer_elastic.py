@@ -155,8 +155,9 @@ def test_sigterm_leaves_gracefully_without_losing_a_step(
 def test_a_joining_worker_receives_the_state_and_the_world_grows_at_a_step_boundary(
     tmp_path: Path, calm_reference: dict[str, Any]
 ) -> None:
-    # Slower steps (~40 s of training at world size 2) leave a newcomer on a busy machine time to start.
-    slower = ["--simulated-vnode-seconds", "0.1"]
+    # Slower steps (~100 s of training at world size 2) leave a newcomer on a busy machine time to
+    # start: at 40 s, a CI run on two saturated cores finished the job before its launcher had.
+    slower = ["--simulated-vnode-seconds", "0.25"]
     with running_job(tmp_path, min_replicas=2, max_replicas=3, extra_args=slower) as job:
         first = [job.start_node() for _ in range(2)]
         _wait_for_world(job, first[0], 2, min_step=1)
