@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # `make test` under CI=true: every tier, e2e included, in the least wall time a 2-core machine allows.
 #
-# Everything the e2e tier needs is prepared in the background while lint, typecheck and the unit,
-# trainer and integration tiers run (hack/ci-prepare-e2e.sh all): the images (Go builds, Debian
-# packages, pip), then, once the unit tier's `go test` is done with Go's caches, the caches removed
-# and the e2e cluster set up (the trainer image loaded into three nodes: about 6 minutes). The
-# tiers spend much of their time waiting on processes and the API server (the trainer and
-# integration tiers run two tests at a time). Then the e2e tier runs on that cluster, which is
-# removed whatever the outcome.
-# Not beside the trainer tier (tried 2026-11-27, two fresh-clone runs): the whole run took 4,079 s
-# instead of about 4,800, but on two saturated cores a launcher took 50 s to start, and each run lost
-# one trainer-tier test whose scenario needs a worker started within a window (a newcomer before a
-# 40 s job ends; three workers at step 10 within 120 s). Those windows come first.
-# Exit status: the first failure's.
+# Everything the e2e tier needs is prepared in the background while lint, typecheck and the unit
+# tier run (hack/ci-prepare-e2e.sh all): the images (Go builds, Debian packages, pip), then, once
+# the unit tier's `go test` is done with Go's caches, the caches removed and the e2e cluster set up
+# (the trainer image loaded into three nodes: about 10 minutes). The trainer and integration tiers
+# start with the cluster set-up, and the e2e tier starts as soon as its cluster is ready, beside
+# them: all three mostly wait (on sleeps standing in for device time, rendezvous rounds, signals,
+# the API server and the kubelets). One after the other they took 2,351 s + 2,290 s on the last CI
+# run that ran them so (stop 34), with about one core idle; side by side 4,079 s and 4,185 s for
+# the whole run. Every trainer-tier scenario that needs several launchers in one world holds its
+# training until they have joined (Job.start_held): on two saturated cores a launcher once took
+# 50 s to start, and a short job ended before a newcomer arrived.
+# Exit status: the first failure's (lint, typecheck, unit, then trainer/integration, then e2e).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,34 +21,57 @@ cd "$ROOT"
 PYTEST=(.venv/bin/python -m pytest --durations=15)
 timings=${EBBFLOW_TIMINGS:-/dev/null}
 prepare_log=$(mktemp "${TMPDIR:-/tmp}/ci-prepare-e2e.XXXXXX")
+tiers_log=$(mktemp "${TMPDIR:-/tmp}/ci-trainer-integration.XXXXXX")
 unit_done="$prepare_log.unit-done"
 
-# In its own process group, so that a failed tier stops every build it started; the cluster it may
-# have made goes too.
+# In their own process groups, so that a failure stops every build and test they started; the
+# cluster the preparation may have made goes too.
 setsid bash hack/ci-prepare-e2e.sh all "$unit_done" >"$prepare_log" 2>&1 &
 prepare=$!
-trap 'kill -- -"$prepare" 2>/dev/null; bash hack/kind/down.sh >/dev/null 2>&1; rm -f "$unit_done"' EXIT
+tiers=""
+trap 'kill -- -"$prepare" 2>/dev/null; [[ -n $tiers ]] && kill -- -"$tiers" 2>/dev/null;
+  bash hack/kind/down.sh >/dev/null 2>&1; rm -f "$unit_done"' EXIT
 
 started=$SECONDS
 status=0
 make --no-print-directory lint typecheck || status=$?
-# Two at a time too: 1,788 unit tests took 206 s in one process beside the image builds.
+# Two at a time: 1,788 unit tests took 206 s in one process beside the image builds.
 ((status)) || "${PYTEST[@]}" -n 2 -m unit tests || status=$?
 touch "$unit_done"
-# Two tests at a time: the trainer tier's processes mostly wait (on sleeps standing in for compute,
-# rendezvous rounds, signals): alone it used 0.62 of one core over 27 min. Each xdist worker starts
-# its own control plane for the integration tests (free ports: two run side by side).
-((status)) || "${PYTEST[@]}" -n 2 --dist worksteal -m "trainer or integration" tests || status=$?
-echo "lint, typecheck, unit, trainer and integration tiers (beside the e2e preparation): $((SECONDS - started)) s" >>"$timings"
+echo "lint, typecheck and unit tier (beside the image builds): $((SECONDS - started)) s" >>"$timings"
 if ((status)); then exit "$status"; fi
 
+# Two tests at a time: the trainer tier's processes mostly wait: alone it used 0.62 of one core over
+# 27 min. Each xdist worker starts its own control plane for the integration tests (free ports: two
+# run side by side). Its output is printed once it ends, whole (not interleaved with the e2e tier's).
+run_tiers() {
+  local start=$SECONDS status=0
+  "${PYTEST[@]}" -n 2 --dist worksteal -m "trainer or integration" tests >"$tiers_log" 2>&1 || status=$?
+  echo "trainer and integration tiers (beside the e2e set-up and tier): $((SECONDS - start)) s" >>"$timings"
+  return "$status"
+}
 started=$SECONDS
+set -m # its own process group, as the preparation's
+run_tiers &
+tiers=$!
+set +m
+
 wait "$prepare"
 prepared=$?
 echo "--- e2e preparation (hack/ci-prepare-e2e.sh all: images, cluster), exit $prepared ---"
 cat "$prepare_log"
-echo "waiting for the e2e preparation after the tiers: $((SECONDS - started)) s" >>"$timings"
-if ((prepared)); then exit "$prepared"; fi
+echo "e2e preparation after the unit tier: $((SECONDS - started)) s" >>"$timings"
+e2e_status=$prepared
+if ((prepared == 0)); then
+  "${PYTEST[@]}" e2e || e2e_status=$?
+  echo "e2e tier ended at $((SECONDS - started)) s after the unit tier" >>"$timings"
+fi
 
-"${PYTEST[@]}" e2e || status=$?
-exit "$status"
+wait "$tiers"
+tiers_status=$?
+tiers=""
+echo "--- trainer and integration tiers, exit $tiers_status ---"
+cat "$tiers_log"
+echo "trainer, integration and e2e tiers: $((SECONDS - started)) s" >>"$timings"
+((tiers_status)) && exit "$tiers_status"
+exit "$e2e_status"

@@ -18,6 +18,7 @@ from ebbflow_api.waiting import wait_for
 
 from tests.trainer.trainer_cluster import (
     DIGITS,
+    HELD_DIGITS,
     Job,
     Node,
     assert_bitwise_equal,
@@ -92,8 +93,10 @@ def _assert_close(final: dict[str, Any], reference_state: dict[str, Any]) -> Non
 def test_sigkill_of_any_worker_resumes_from_memory_at_world_size_two(
     tmp_path: Path, calm_reference: dict[str, Any], victim_rank: int, mode: str
 ) -> None:
-    with running_job(tmp_path, min_replicas=2, max_replicas=3, extra_args=SLOW_STEPS, mode=mode) as job:
-        nodes = [job.start_node() for _ in range(3)]
+    with running_job(
+        tmp_path, min_replicas=2, max_replicas=3, extra_args=SLOW_STEPS, mode=mode, script=HELD_DIGITS
+    ) as job:
+        nodes = job.start_held(3)
         _wait_for_world(job, nodes[0], 3, min_step=10)
         victim = next(
             n for n in nodes if n.last_step()["world"] == 3 and n.last_step()["rank"] == victim_rank
@@ -127,8 +130,10 @@ def test_sigkill_of_any_worker_resumes_from_memory_at_world_size_two(
 def test_sigterm_leaves_gracefully_without_losing_a_step(
     tmp_path: Path, calm_reference: dict[str, Any]
 ) -> None:
-    with running_job(tmp_path, min_replicas=2, max_replicas=3, extra_args=SLOW_STEPS) as job:
-        nodes = [job.start_node() for _ in range(3)]
+    with running_job(
+        tmp_path, min_replicas=2, max_replicas=3, extra_args=SLOW_STEPS, script=HELD_DIGITS
+    ) as job:
+        nodes = job.start_held(3)
         _wait_for_world(job, nodes[0], 3, min_step=10)
         leaver = next(n for n in nodes if n.last_step()["world"] == 3 and n.last_step()["rank"] == 1)
         leaver.terminate()
@@ -155,13 +160,14 @@ def test_sigterm_leaves_gracefully_without_losing_a_step(
 def test_a_joining_worker_receives_the_state_and_the_world_grows_at_a_step_boundary(
     tmp_path: Path, calm_reference: dict[str, Any]
 ) -> None:
-    # Slower steps (~100 s of training at world size 2) leave a newcomer on a busy machine time to
-    # start: at 40 s, a CI run on two saturated cores finished the job before its launcher had.
-    slower = ["--simulated-vnode-seconds", "0.25"]
-    with running_job(tmp_path, min_replicas=2, max_replicas=3, extra_args=slower) as job:
-        first = [job.start_node() for _ in range(2)]
+    with running_job(
+        tmp_path, min_replicas=2, max_replicas=3, extra_args=SLOW_STEPS, script=HELD_DIGITS
+    ) as job:
+        first = job.start_held(2)
         _wait_for_world(job, first[0], 2, min_step=1)
-        newcomer = job.start_node()
+        # Training waits while the newcomer starts (a CI run on two saturated cores once finished the
+        # job before its launcher had).
+        (newcomer,) = job.start_held(1, running=tuple(first))
         assert job.wait_all([*first, newcomer], 300) == [0, 0, 0], job.logs()
 
         (joined,) = [g for g in _generations(newcomer) if g["world"] == 3]

@@ -15,10 +15,9 @@ from typing import Any
 from ebbflow_api import contract
 from ebbflow_api.waiting import wait_for
 
-from tests.trainer.trainer_cluster import Job, Node, assert_bitwise_equal, running_job
+from tests.trainer.trainer_cluster import HELD_DIGITS, Job, Node, assert_bitwise_equal, running_job
 
 V, B, MAX = 4, 32, 64
-HELD_DIGITS = str(Path(__file__).resolve().parent / "held_digits.py")
 # Modelled device time per virtual node: the run lasts long enough to change B along the way.
 SLOW_STEPS = ["--simulated-vnode-seconds", "0.02"]
 

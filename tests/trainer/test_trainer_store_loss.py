@@ -18,7 +18,7 @@ from ebbflow_api import contract
 from ebbflow_api.waiting import wait_for
 from ebbflow_trainer.launcher import EXIT_STORE_LOST
 
-from tests.trainer.trainer_cluster import Job, Node, assert_bitwise_equal, running_job
+from tests.trainer.trainer_cluster import HELD_DIGITS, Job, Node, assert_bitwise_equal, running_job
 
 # About 0.1 s per step at world size 2 (two virtual nodes each): 200 steps outlast the outage.
 SLOW_STEPS = ["--simulated-vnode-seconds", "0.05"]
@@ -100,8 +100,10 @@ def test_a_new_store_at_the_same_address_lets_the_world_re_form_from_memory(
 def test_a_world_broken_while_the_store_is_away_waits_for_the_new_store_and_resumes_from_memory(
     tmp_path: Path, calm_reference: dict[str, Any]
 ) -> None:
-    with running_job(tmp_path, min_replicas=2, max_replicas=3, extra_args=SLOW_STEPS) as job:
-        nodes = [job.start_node() for _ in range(3)]
+    with running_job(
+        tmp_path, min_replicas=2, max_replicas=3, extra_args=SLOW_STEPS, script=HELD_DIGITS
+    ) as job:
+        nodes = job.start_held(3)
 
         def world_of_three() -> bool:
             return all((n.last_step() or {}).get("world") == 3 and _step(n) >= KILL_AT_STEP for n in nodes)

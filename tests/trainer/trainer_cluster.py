@@ -27,6 +27,10 @@ from ebbflow_trainer import state
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = str(REPO / "examples" / "digits" / "train.py")
+# The digits example, held while a file exists (tests/trainer/held_digits.py): trains the same bits.
+HELD_DIGITS = str(Path(__file__).resolve().parent / "held_digits.py")
+# What torch elastic's agent logs when it stops its workers, here to admit a waiting node.
+AGENT_STOPS_WORKERS = "via signal SIGTERM"
 # The GPU tier's tests carry `@pytest.mark.gpu` and this: they skip on a machine without CUDA.
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -116,6 +120,10 @@ class Job:
     def checkpoint_dir(self) -> Path:
         return self.root / "checkpoints"
 
+    @property
+    def hold_file(self) -> Path:
+        return self.root / "hold"
+
     def start_rendezvous(self, port: int = 0) -> None:
         """Start the store process (``port`` 0: a free port) and wait until it serves."""
         port_file = self.root / "rdzv.port"
@@ -164,6 +172,8 @@ class Job:
                 contract.ENV_METRICS_PORT: "0",
                 contract.ENV_LEAVE_GRACE_SECONDS: "30",
                 "OMP_NUM_THREADS": "1",
+                # Read by HELD_DIGITS only (start_held): training waits while this file exists.
+                "DIGITS_HOLD": str(self.hold_file),
             }
         )
         env.update(overrides)
@@ -189,6 +199,40 @@ class Job:
         node = Node(name, process, state_dir, journal, log_path)
         self.nodes.append(node)
         return node
+
+    def start_held(self, count: int, running: tuple[Node, ...] = ()) -> list[Node]:
+        """``count`` new nodes that join the ``running`` ones in one world before training goes on,
+        however long their launchers take to start on a busy machine.
+
+        Training is held (``HELD_DIGITS``, reading a sample waits) while they start, and released once
+        every node trains in one world of them all, or once the agents of a smaller world asked their
+        workers to stop at the next step boundary to admit the rest: within the leave grace (30 s)
+        after which they would kill them. Without the hold, a short job could end first."""
+        assert self.script == HELD_DIGITS, "start_held needs running_job(..., script=HELD_DIGITS)"
+        hold = self.hold_file
+        hold.touch()
+        stops_before = {n.name: n.log.read_text(errors="replace").count(AGENT_STOPS_WORKERS) for n in running}
+        new = [self.start_node() for _ in range(count)]
+        everyone = [*running, *new]
+
+        def stops(node: Node) -> int:
+            return node.log.read_text(errors="replace").count(AGENT_STOPS_WORKERS) - stops_before.get(
+                node.name, 0
+            )
+
+        def admitted() -> bool:
+            if all(any(g["world"] == len(everyone) for g in n.events("generation")) for n in everyone):
+                return True
+            in_a_world = [n for n in everyone if n.events("generation")]
+            return bool(in_a_world) and all(stops(n) > 0 for n in in_a_world)
+
+        try:
+            wait_for(admitted, 240, f"{len(everyone)} nodes in one world, or their agents admitting the rest")
+        except TimeoutError as error:
+            raise TimeoutError(f"{error}\n{self.diagnose()}") from None
+        finally:
+            hold.unlink()
+        return new
 
     def wait_all(self, nodes: list[Node], timeout: float) -> list[int]:
         """Exit codes of ``nodes``, all within one deadline."""

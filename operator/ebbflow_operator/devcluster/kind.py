@@ -252,15 +252,37 @@ def install_prometheus(kind: Kind, image: str) -> None:
     load_image(image, WORKERS)
     manifest = (REPO / "hack" / "prometheus" / "prometheus.yaml").read_text()
     kind.kubectl("apply", "-f", "-", input=manifest.replace("ebbflow/prometheus:dev", image))
-    kind.kubectl(
-        "-n",
-        PROMETHEUS_NAMESPACE,
-        "rollout",
-        "status",
-        "deployment/prometheus",
-        "--timeout=300s",
-        timeout=320,
-    )
+    rollout(kind, PROMETHEUS_NAMESPACE, "prometheus")
+
+
+def rollout(kind: Kind, namespace: str, deployment: str, timeout_s: int = 300) -> None:
+    """Waits for the Deployment's rollout; when it does not end in time, the error carries what its
+    pods and their events say (one CI run timed out on Prometheus and printed nothing else)."""
+    try:
+        kind.kubectl(
+            "-n",
+            namespace,
+            "rollout",
+            "status",
+            f"deployment/{deployment}",
+            f"--timeout={timeout_s}s",
+            timeout=timeout_s + 20,
+        )
+    except KindError as error:
+        found = []
+        for what in (
+            ("get", "pods", "-o", "wide"),
+            ("describe", "pods"),
+            ("logs", f"deployment/{deployment}", "--all-containers", "--tail=40"),
+            ("logs", f"deployment/{deployment}", "--all-containers", "--tail=40", "--previous"),
+        ):
+            try:
+                found.append(
+                    f"$ kubectl -n {namespace} {' '.join(what)}\n{kind.kubectl('-n', namespace, *what)}"
+                )
+            except KindError as failed:
+                found.append(f"$ kubectl -n {namespace} {' '.join(what)}: {failed}")
+        raise KindError(f"{error}\n" + "\n".join(found)) from None
 
 
 def versioned_tag(image: str) -> str:
