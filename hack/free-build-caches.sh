@@ -2,7 +2,8 @@
 # Makes sure NEEDED_MB of disk are free where Docker keeps its data, removing what only building
 # needed, until enough is free: the wheelhouse the images were installed from, then Go's build and
 # module caches of the tools and images built here (the Makefile keeps them under the project's
-# cache, $EBBFLOW_CACHE/go, never the user's own). Each removal is printed on stdout with its size.
+# cache, $EBBFLOW_CACHE/go, never the user's own), last the plugin tests' own (about 650 MB, see
+# tests/unit/test_fake_gpu_plugin.py). Each removal is printed on stdout with its size.
 # Exits 1 with what to do when even that is not enough.
 #
 # Why: loading the 4.5 GB CPU trainer image into three kind nodes needs about 14 GB on top of the
@@ -23,7 +24,8 @@ enough() { (($(free_mb) >= needed)); }
 
 enough && exit 0
 echo "disk: $(free_mb) MB free, $what needs $needed MB: removing caches only building needed" >&2
-for path in "$EBBFLOW_CACHE/wheelhouse" "$EBBFLOW_CACHE/go/build" "$EBBFLOW_CACHE/go/mod"; do
+for path in "$EBBFLOW_CACHE/wheelhouse" "$EBBFLOW_CACHE/go/build" "$EBBFLOW_CACHE/go/mod" \
+  "$EBBFLOW_CACHE/fake-gpu-plugin/go-test"; do
   enough && exit 0
   [[ -e $path ]] || continue
   size=$(du -sm "$path" | cut -f1)
