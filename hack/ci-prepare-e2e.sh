@@ -12,9 +12,7 @@
 #                              on the machine is removed first), set up as the e2e fixture does it
 #                              (Cilium, the images in the nodes, device plugin, chart, Prometheus)
 #   ci-prepare-e2e.sh all FILE build, then finish and cluster once FILE exists (hack/ci-test.sh
-#                              creates it when the unit tier ends): all of it beside the test tiers.
-#                              With room on disk for the cluster beside Go's caches (a machine that
-#                              had the images built already), cluster first, without waiting for FILE
+#                              creates it when the unit tier ends): all of it beside the test tiers
 #
 # Why: a CI machine's free disk varies (seen from under 50 GB to 80 GB). Left to the e2e fixture,
 # the trainer image is built (about 10 GB transient) while four kind nodes are up, and Go's caches
@@ -31,14 +29,6 @@ cd "$ROOT"
 # Free disk (GB) under which `build` leaves the trainer image to `finish`: its build needs about 10 GB
 # transient plus the 4.6 GB image, beside Go's caches.
 TRAINER_BUILD_NEEDS_GB=${TRAINER_BUILD_NEEDS_GB:-25}
-# Free disk (GB) from which the cluster comes up while the unit tier still runs, before Go's caches
-# go: the cluster's nodes took 21 GB in CI (56 GB free before, 35 after, stop 35), and the trainer
-# image goes into the three workers side by side only while about 33 GB are free
-# (hack/kind/load-image.sh; one after another it is slower than waiting for the caches to go). The
-# e2e tier then starts about two minutes sooner: the unit tier's length on a warm machine, which
-# the cluster's set-up waited for.
-CLUSTER_BESIDE_CACHES_GB=${CLUSTER_BESIDE_CACHES_GB:-50}
-trainer_built=false
 
 # Each step's duration also goes to $EBBFLOW_TIMINGS when set (.ci/run prints that file at the end).
 last=""
@@ -71,7 +61,6 @@ build() {
   if (($(free_gb) >= TRAINER_BUILD_NEEDS_GB)); then
     say "operator and CPU trainer images"
     trainer_images
-    trainer_built=true
   else
     echo "[ci-prepare-e2e] $(free_gb) GB free, under $TRAINER_BUILD_NEEDS_GB GB: the trainer image waits for Go's caches to go" >&2
   fi
@@ -106,23 +95,13 @@ cluster() {
   say "e2e cluster ready"
 }
 
-wait_for_unit_tier() {
-  echo "[ci-prepare-e2e] waiting for the unit tier (its go test uses Go's caches): $1" >&2
-  until [[ -e $1 ]]; do sleep 5; done
-}
-
 all() {
   local unit_done=${1:?usage: $0 all FILE}
   build
-  if [[ $trainer_built == true ]] && (($(free_gb) >= CLUSTER_BESIDE_CACHES_GB)); then
-    cluster
-    wait_for_unit_tier "$unit_done"
-    finish
-  else
-    wait_for_unit_tier "$unit_done"
-    finish
-    cluster
-  fi
+  echo "[ci-prepare-e2e] waiting for the unit tier (its go test uses Go's caches): $unit_done" >&2
+  until [[ -e $unit_done ]]; do sleep 5; done
+  finish
+  cluster
 }
 
 case ${1:-} in

@@ -4,9 +4,12 @@
 # Everything the e2e tier needs is prepared in the background while lint, typecheck and the unit
 # tier run (hack/ci-prepare-e2e.sh all): the images (Go builds, Debian packages, pip), then, once
 # the unit tier's `go test` is done with Go's caches, the caches removed and the e2e cluster set up
-# (the trainer image loaded into three nodes: about 10 minutes); on a machine with the images built
-# and room on disk, the cluster first, while the unit tier runs. The e2e tier does not check that
-# set-up again (EBBFLOW_E2E_PREPARED: 106 s at stop 35). The trainer and integration tiers
+# (the trainer image loaded into three nodes: about 10 minutes). The e2e tier does not check that
+# set-up again (EBBFLOW_E2E_PREPARED: 106 s at stop 35). Tried and dropped: setting the cluster up
+# while the unit tier ran (a warm machine had the room). The e2e tier then began 400 s sooner, in
+# the trainer tier's busiest part: at a load average of 25-41 the e2e trainers' rendezvous
+# heartbeats missed their 3 s budget again and again, and the dashboard test's job never trained
+# on three workers within 420 s; the unit tier took 401 s instead of 151. The trainer and integration tiers
 # start with the cluster set-up, and the e2e tier starts as soon as its cluster is ready, beside
 # them: all three mostly wait (on sleeps standing in for device time, rendezvous rounds, signals,
 # the API server and the kubelets). One after the other they took 2,351 s + 2,290 s on the last CI
