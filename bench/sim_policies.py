@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/sim_policies.py [--seeds 5] [--jobs 200] [--gpus 512] [--load 2.0]
         [--elastic-max-factor 1] [--adaptive-batch-fraction 0] [--max-batch-factor 0]
-        [--noise-scale-range 0.25:16] [--policy P ...]
+        [--noise-scale-range 0.25:16] [--noise-growth 1] [--policy P ...]
 
 Half the nodes are spot, each preempted at 0.05 per node-hour (5 % of spot nodes per hour) and
 replaced after 15 minutes. Prints each policy's average JCT and mean normalised loss at the cutoff
@@ -10,7 +10,7 @@ replaced after 15 minutes. Prints each policy's average JCT and mean normalised 
 goodput/static and goodput/restart average JCT (targets <= 0.6 and <= 0.8) and quality/fair mean
 normalised loss (target < 1), for the policies run (`--policy`, repeatable; default all). Prints
 the 1-minute load average before and after (the machine may be shared). Writes
-bench/results/sim_policies[_maxFx][_abF_mbM_phiLO-HI].json.
+bench/results/sim_policies[_maxFx][_abF_mbM_phiLO-HI_growthG].json.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def one_seed(seed: int, args: argparse.Namespace) -> dict[str, dict[str, float |
         adaptive_batch_fraction=args.adaptive_batch_fraction,
         max_batch_factor=args.max_batch_factor,
         noise_ratio=args.noise_scale_range,
+        noise_growth=args.noise_growth,
     )
     jobs = generate(trace, seed)
     return {policy: simulate(jobs, policy, config).summary() for policy in args.policy or POLICIES}
@@ -52,6 +53,7 @@ def _suffix(args: argparse.Namespace) -> str:
     if args.adaptive_batch_fraction > 0:
         low, high = args.noise_scale_range
         suffix += f"_ab{args.adaptive_batch_fraction:g}_mb{args.max_batch_factor}_phi{low:g}-{high:g}"
+        suffix += f"_growth{args.noise_growth:g}"
     return suffix
 
 
@@ -70,6 +72,7 @@ def main() -> None:
     p.add_argument("--adaptive-batch-fraction", type=float, default=0.0, help="jobs with maxGlobalBatchSize")
     p.add_argument("--max-batch-factor", type=int, default=0, help="their max B = B0 x this (0: max factor)")
     p.add_argument("--noise-scale-range", type=ratio_range, default=(0.25, 16.0), help="phi / B0, LOW:HIGH")
+    p.add_argument("--noise-growth", type=float, default=1.0, help="phi grows as (loss(0) / loss) ** this")
     p.add_argument("--policy", action="append", choices=POLICIES, help="repeatable; default: all")
     args = p.parse_args()
     print(f"load average before: {Path('/proc/loadavg').read_text().strip()}")

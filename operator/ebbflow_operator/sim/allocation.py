@@ -57,7 +57,7 @@ def metrics(state: JobState, rescale_pause_s: float, speeds: Mapping[str, float]
         global_batch=state.job.global_batch,
         virtual_nodes=state.job.virtual_nodes,
         measurements=state.reported(speeds),
-        noise_scale=state.job.noise_scale if adaptive else None,
+        noise_scale=state.noise_scale if adaptive else None,
         rescale_pause_s=rescale_pause_s,
         rescales=state.rescales,
         losses=tuple(state.losses),

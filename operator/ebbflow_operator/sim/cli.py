@@ -124,6 +124,12 @@ def parser() -> argparse.ArgumentParser:
         default=(0.25, 16.0),
         help="LOW:HIGH, generator: each job's gradient noise scale / B0, log-uniform (default 0.25:16)",
     )
+    add(
+        "--noise-growth",
+        type=_number(float, 0.0, 4.0),
+        default=1.0,
+        help="generator: phi grows as loss(0) / loss to this power as a job trains (default 1; 0: constant)",
+    )
     add("--rescale-pause-s", type=_number(float, 0.0), default=5.0)
     add("--restart-s", type=_number(float, 0.0), default=60.0, help="cost of a restart from checkpoint")
     add("--checkpoint-s", type=_number(float, 1.0), default=1800.0, help="checkpoint interval")
@@ -146,6 +152,7 @@ def _jobs(args: argparse.Namespace, p: argparse.ArgumentParser) -> list[SimJob]:
             adaptive_batch_fraction=args.adaptive_batch_fraction,
             max_batch_factor=args.max_batch_factor,
             noise_ratio=args.noise_scale_range,
+            noise_growth=args.noise_growth,
         )
         return generate(trace, args.seed)
     try:

@@ -290,6 +290,7 @@ class Simulation:
         if not states:
             return
         self._sync_running()  # the steps and losses the policies read
+        grown = self._noise_grown()
         eligible = frozenset(self.nodes)
         demands = [demand(s, eligible) for s in states]
         free = {n: self.devices.replicas for n in self.nodes}
@@ -309,12 +310,23 @@ class Simulation:
         else:
             counts = rigid_allocate(self.policy, states, demands, free)
         placed = Placer(free, devices).apply(demands, counts, moves)
-        changed = False
+        changed = bool(grown)
         for state in states:
             changed |= self._move(state, placed[key_of(state)])
             changed |= self._rebatch(state, batches.get(key_of(state)))
         if changed:
             self._changed()
+
+    def _noise_grown(self) -> set[str]:
+        """The running jobs whose noise scale grows with their progress take its value at their last
+        loss report; those whose value moved are rated again (as rebatched), so their goodput follows it."""
+        grown = {
+            name
+            for name, state in self.running.items()
+            if state.job.max_batch and state.job.noise_growth and state.take_noise_scale()
+        }
+        self.rebatched |= grown
+        return grown
 
     def _rebatch(self, state: JobState, batch: int | None) -> bool:
         """Applies the batch the policy chose for a running job. Free: the trainers switch together
@@ -415,7 +427,7 @@ class Simulation:
         types = {node_type(self.config.cluster, n) for n in distinct}
         # Synchronous training runs at the pace of its slowest GPU type.
         placement = Placement(len(state.workers), len(distinct), share, min(t.speed for t in types))
-        model = state.job.model()
+        model = state.job.model(state.noise_step)
         state.rate = model.goodput(placement, state.batch)
         step_s = model.step_s(placement, state.batch)
         state.measure(placement, step_s, types.pop().name if len(types) == 1 else "")

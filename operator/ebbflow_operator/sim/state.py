@@ -45,6 +45,7 @@ class JobState:
     shapes: dict[tuple[int, int, float, int, str], Measurement] = field(default_factory=dict)
     losses: list[tuple[float, float]] = field(default_factory=list)
     next_report: float = 0.0  # the step of the next loss report (a milestone)
+    noise_step: float = 0.0  # the loss milestone whose noise scale it trains with (`take_noise_scale`)
     synced_s: float = 0.0  # progress, checkpoint and reports are worked out up to this time
     _reported: tuple[object, tuple[Measurement, ...]] | None = field(default=None, repr=False, compare=False)
     _shapes_changed: int = field(default=0, repr=False, compare=False)  # bumped whenever `shapes` changes
@@ -69,6 +70,20 @@ class JobState:
 
     def normalised_loss(self) -> float:
         return self.job.loss.loss(self.steps)
+
+    @property
+    def noise_scale(self) -> float:
+        """The gradient noise scale phi it trains with and its trainers report (`take_noise_scale`)."""
+        return self.job.noise_scale_at(self.noise_step)
+
+    def take_noise_scale(self) -> bool:
+        """phi moves on to its value at the last loss milestone reported, as the operator reads it
+        from the trainers at an allocation pass; held in between, so that the job's rate only changes
+        when the engine rates it again. True when it moved."""
+        step = self.losses[-1][0] if self.losses else 0.0
+        moved = step != self.noise_step
+        self.noise_step = step
+        return moved
 
     def finish_time(self) -> float:
         """When the job completes at its current rate (inf when it is not running). Valid because its

@@ -9,10 +9,10 @@ Each job carries its *true* models, which the engine uses to advance it and whic
 see through reports: a Pollux throughput model (`ThroughputParams`; compute and sync costs drawn
 per job, so jobs scale differently) and a normalised loss curve loss(k) = b / (k + b) (1 at step 0,
 halved after b steps). A job may also allow batch adaptation (`max_batch`, the spec's
-maxGlobalBatchSize) and carries a gradient noise scale phi; its work is counted in samples at its
-starting batch's statistical efficiency. Invariants: the same config and seed give the same jobs;
-the batching options leave every other field of the trace unchanged; CSV round-trips exactly
-(floats written with repr).
+maxGlobalBatchSize) and carries a gradient noise scale phi, which grows as its loss falls
+(`noise_growth`); its work is counted in samples at its starting batch's statistical efficiency.
+Invariants: the same config and seed give the same jobs; the batching options leave every other
+field of the trace unchanged; CSV round-trips exactly (floats written with repr).
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ class SimJob:
     # The spec's maxGlobalBatchSize (0: unset, B fixed): the goodput policy may run the job at any
     # multiple of V in [global_batch, max_batch]; progress is counted at global_batch's efficiency.
     max_batch: int = 0
+    # phi after k steps = noise_scale x (loss(0) / loss(k)) ** noise_growth (0: constant; traces
+    # written before the column). Read only when max_batch is set.
+    noise_growth: float = 0.0
 
     def rigid(self) -> SimJob:
         """The job as `static` and `restart` run it: at most its requested size, V = that size."""
@@ -93,13 +96,24 @@ class SimJob:
             self.gamma,
         )
 
-    def model(self) -> JobModel:
-        """The true model; a job that may change its batch carries its noise scale and max."""
+    def model(self, steps: float = 0.0) -> JobModel:
+        """The true model after `steps` steps; a job that may change its batch carries its noise scale
+        at that point of training and its max."""
         if not self.max_batch:
             return JobModel(self.params, self.global_batch, self.virtual_nodes)
         return JobModel(
-            self.params, self.global_batch, self.virtual_nodes, self.noise_scale, max_batch=self.max_batch
+            self.params,
+            self.global_batch,
+            self.virtual_nodes,
+            self.noise_scale_at(steps),
+            max_batch=self.max_batch,
         )
+
+    def noise_scale_at(self, steps: float) -> float:
+        """phi after `steps` steps: it grows as the loss falls (`noise_growth`)."""
+        if not self.noise_growth:
+            return self.noise_scale
+        return float(self.noise_scale * (1.0 + steps / self.loss_b) ** self.noise_growth)
 
     @property
     def loss(self) -> LossCurve:
@@ -135,6 +149,10 @@ class TraceConfig:
     adaptive_batch_fraction: float = 0.0
     max_batch_factor: int = 0
     noise_ratio: tuple[float, float] = (0.25, 16.0)
+    # phi grows as the loss falls: phi(k) = phi(0) x (loss(0) / loss(k)) ** noise_growth. 1 is a
+    # quadratic loss near its minimum (the gradient's squared norm shrinks with the loss, its
+    # variance does not), where phi = tr(Sigma) / |G|^2 goes as 1 / loss; 0: constant (docs/simulator.md).
+    noise_growth: float = 1.0
 
     def __post_init__(self) -> None:
         if self.elastic_max_factor not in (1, 2, 4, 8, 16, 32):
@@ -143,6 +161,8 @@ class TraceConfig:
             raise ValueError("adaptive_batch_fraction must be in [0, 1] and max_batch_factor >= 0")
         if not 0.0 < self.noise_ratio[0] <= self.noise_ratio[1]:
             raise ValueError(f"noise_ratio {self.noise_ratio}: need 0 < low <= high")
+        if not 0.0 <= self.noise_growth <= 4.0:
+            raise ValueError(f"noise_growth {self.noise_growth}: choose a number in [0, 4] (0: constant phi)")
 
 
 def _size(rnd: random.Random) -> int:
@@ -190,7 +210,7 @@ def _batching(job: SimJob, rnd: random.Random, config: TraceConfig) -> SimJob:
     factor = config.max_batch_factor or config.elastic_max_factor
     top = job.global_batch * factor // job.virtual_nodes * job.virtual_nodes
     max_batch = top if adaptive and top > job.global_batch else 0
-    return replace(job, noise_scale=phi, max_batch=max_batch)
+    return replace(job, noise_scale=phi, max_batch=max_batch, noise_growth=config.noise_growth)
 
 
 def generate(config: TraceConfig, seed: int) -> list[SimJob]:
@@ -229,7 +249,7 @@ _INTS = {
     "max_batch",
 }
 # Columns traces written before them lack: the rigid size is max_workers, B is fixed.
-OPTIONAL = {"requested_workers", "noise_scale", "max_batch"}
+OPTIONAL = {"requested_workers", "noise_scale", "max_batch", "noise_growth"}
 
 
 def write_csv(jobs: Iterable[SimJob]) -> str:

@@ -130,7 +130,8 @@ def rate_from_scratch(s: Simulation, state: JobState) -> float:
     distinct = set(state.workers)
     share = max(max(1.0, used[n] / s.devices.physical) for n in distinct)
     speed = min(node_type(s.config.cluster, n).speed for n in distinct)
-    return state.job.model().goodput(Placement(len(state.workers), len(distinct), share, speed), state.batch)
+    model = state.job.model(state.noise_step)
+    return model.goodput(Placement(len(state.workers), len(distinct), share, speed), state.batch)
 
 
 @pytest.mark.parametrize(
@@ -169,6 +170,8 @@ def test_every_rate_is_current_after_every_change(policy: str, adaptive: float) 
     assert s.preemptions > 0
     changed = [st for st in s.states.values() if st.batch != st.job.global_batch]
     assert bool(changed) is (policy == "goodput" and adaptive > 0)
+    grew = [st for st in s.states.values() if st.noise_scale > st.job.noise_scale]
+    assert bool(grew) is (adaptive > 0 and policy != "restart")  # the rigid baselines' B is fixed
 
 
 def test_same_seed_same_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -251,6 +254,8 @@ def test_a_trace_without_requested_workers_runs_rigidly_at_max(tmp_path: Path) -
         pytest.param(["--noise-scale-range", "0:4"], "--noise-scale-range", id="noise-range-zero"),
         pytest.param(["--noise-scale-range", "8:4"], "--noise-scale-range", id="noise-range-reversed"),
         pytest.param(["--noise-scale-range", "x"], "--noise-scale-range", id="noise-range-not-numbers"),
+        pytest.param(["--noise-growth", "-1"], "--noise-growth", id="noise-growth-negative"),
+        pytest.param(["--noise-growth", "5"], "--noise-growth", id="noise-growth-too-steep"),
     ],
 )
 def test_bad_flags_fail_naming_the_flag(
@@ -346,14 +351,18 @@ def test_batch_options_change_nothing_else_in_the_trace() -> None:
     assert read_csv(write_csv(every)) == every
     with pytest.raises(ValueError, match="noise_ratio"):
         TraceConfig(noise_ratio=(2.0, 1.0))
+    with pytest.raises(ValueError, match="noise_growth"):
+        TraceConfig(noise_growth=-1.0)
 
 
 def test_a_trace_without_batch_columns_keeps_b_fixed() -> None:
     jobs = generate(TraceConfig(jobs=5, gpus=64, adaptive_batch_fraction=1.0, max_batch_factor=4), seed=2)
     header, *rows = write_csv(jobs).splitlines()
-    keep = [i for i, c in enumerate(header.split(",")) if c not in ("noise_scale", "max_batch")]
+    keep = [
+        i for i, c in enumerate(header.split(",")) if c not in ("noise_scale", "max_batch", "noise_growth")
+    ]
     old = read_csv("\n".join(",".join(line.split(",")[i] for i in keep) for line in [header, *rows]) + "\n")
-    assert [(j.max_batch, j.noise_scale) for j in old] == [(0, 0.0)] * 5
+    assert [(j.max_batch, j.noise_scale, j.noise_growth) for j in old] == [(0, 0.0, 0.0)] * 5
     bad = write_csv([replace(jobs[0], max_batch=jobs[0].global_batch - 1)])
     with pytest.raises(ValueError, match="max_batch"):
         read_csv(bad)
@@ -400,6 +409,63 @@ def test_the_policy_sees_the_noise_scale_and_max_only_of_adaptive_jobs() -> None
     seen = metrics(adaptive, 5.0, {})
     assert (seen.noise_scale, seen.max_batch, seen.global_batch) == (300.0, 8 * 128, 128)
     assert (metrics(fixed, 5.0, {}).noise_scale, metrics(fixed, 5.0, {}).max_batch) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("growth", "at_100_steps", "at_300"),
+    [
+        pytest.param(0.0, 300.0, 300.0, id="constant"),
+        pytest.param(1.0, 600.0, 1200.0, id="as-one-over-the-loss"),
+        pytest.param(2.0, 1200.0, 4800.0, id="squared"),
+    ],
+)
+def test_the_noise_scale_grows_as_the_loss_falls(growth: float, at_100_steps: float, at_300: float) -> None:
+    """phi(k) = phi(0) x (loss(0) / loss(k)) ** growth, with loss(k) = b / (k + b) and b = 100 steps
+    here: the loss halves after 100 steps and quarters after 300."""
+    j = replace(adaptive_job(300.0), noise_growth=growth)
+    assert j.loss.loss(100.0) == 0.5 and j.loss.loss(300.0) == 0.25
+    assert (j.noise_scale_at(0.0), j.noise_scale_at(100.0), j.noise_scale_at(300.0)) == pytest.approx(
+        (300.0, at_100_steps, at_300)
+    )
+    assert j.model(300.0).noise_scale == pytest.approx(at_300)
+    assert j.rigid().model(300.0).noise_scale is None  # B fixed: the noise scale plays no part
+
+
+def test_a_job_takes_the_noise_scale_of_its_last_loss_report_at_a_pass() -> None:
+    """Between passes the job trains with the phi it was rated with (so its rate stays exact); a pass
+    moves it on to phi at the last loss milestone, and the policy sees that value."""
+    state = JobState(replace(adaptive_job(300.0), noise_growth=1.0))
+    state.set_workers(["node-00000"] * 4)
+    state.rate = rate(state.job, 4, 1)
+    state.report_loss()
+    state.advance(50.0, checkpoint_s=1800.0)
+    assert state.steps > 1000 and state.noise_scale == 300.0  # not taken yet
+    last = state.losses[-1][0]
+    assert last <= state.steps < last * 1.25 + 1
+    assert state.take_noise_scale() is True
+    assert state.noise_scale == pytest.approx(300.0 * (1 + last / state.job.loss_b))
+    assert metrics(state, 5.0, {}).noise_scale == state.noise_scale
+    assert state.take_noise_scale() is False  # no new report since
+
+
+@pytest.mark.parametrize(
+    ("growth", "grows_b"),
+    [
+        pytest.param(0.0, False, id="phi constant: B0 throughout"),
+        pytest.param(1.0, True, id="phi grows: larger B"),
+    ],
+)
+def test_a_growing_noise_scale_lets_goodput_grow_the_batch_and_finish_sooner(
+    growth: float, grows_b: bool
+) -> None:
+    """phi(0) = 10 makes B0 the best batch at first; as the loss falls phi grows, a larger batch
+    becomes worth its lower efficiency, and the job finishes before the one whose phi stays at 10."""
+    j = replace(adaptive_job(10.0), noise_growth=growth)
+    [state] = sim([j], "goodput", config()).states.values()
+    assert state.finished_s is not None
+    assert (state.batch > j.global_batch) is grows_b
+    assert (state.finished_s < 4000.0 - 1.0) is grows_b
+    assert state.rescales == 0
 
 
 def test_placer_moves_workers_onto_the_policys_node() -> None:
