@@ -2,7 +2,8 @@
 # Creates the local kind cluster "ebbflow" (1 control plane + 3 workers) entirely offline: builds or
 # reuses the cached base and node images, creates the cluster from hack/kind/cluster.yaml, installs
 # flannel (hack/kind/flannel.yaml) and waits until every node is Ready and CoreDNS runs.
-# Kubeconfig: .cluster/kind-kubeconfig. Idempotent: an existing cluster is only waited for.
+# Kubeconfig: .cluster/kind-kubeconfig. Idempotent: an existing cluster (also one whose nodes docker is
+# starting again) is only waited for.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -40,6 +41,19 @@ else
   timing "kind create cluster"
 fi
 
+# An existing cluster may be starting again: docker restarts its nodes when the daemon or the machine
+# restarts (a CI run's cluster left behind did, and `kubectl apply` then failed at once with "failed
+# to download openapi"). Nothing is applied before its API server is ready and serves its OpenAPI.
+deadline=$((SECONDS + WAIT_S))
+until kubectl get --raw /readyz >/dev/null 2>&1 && kubectl get --raw /openapi/v2 >/dev/null 2>&1; do
+  if ((SECONDS >= deadline)); then
+    echo "[up] the API server of $CLUSTER was not ready within $WAIT_S s:" >&2
+    kubectl get --raw '/readyz?verbose' >&2 || true
+    exit 1
+  fi
+  sleep 2
+done
+timing "API server ready"
 kubectl apply -f "$KIND_DIR/flannel.yaml" >/dev/null
 kubectl -n kube-flannel rollout status daemonset/kube-flannel-ds --timeout="${WAIT_S}s"
 timing "flannel ready"
