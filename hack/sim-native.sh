@@ -42,4 +42,24 @@ if [ "$pure" != "$native" ]; then
   rm -rf "$out"
   exit 1
 fi
-echo "native build in $out: $(echo "$pure" | wc -l) simulations decide as the pure build does"
+# No reference cycles either: `Simulation.run` turns the cyclic garbage collector off, and compiled
+# code can make cycles the source does not (closures that capture each other).
+cycles='
+import gc
+from ebbflow_operator.sim.cluster import ClusterConfig
+from ebbflow_operator.sim.engine import SimConfig, Simulation
+from ebbflow_operator.sim.trace import TraceConfig, generate
+cluster = ClusterConfig(gpus=128, replicas=2, preempt_rate_per_hour=1.0)
+jobs = generate(TraceConfig(jobs=40, gpus=128, elastic_max_factor=4, adaptive_batch_fraction=0.5), 4)
+gc.collect()
+gc.set_debug(gc.DEBUG_SAVEALL)
+for policy in ("restart", "fair", "goodput", "quality"):
+    Simulation(jobs, policy, SimConfig(cluster=cluster, seed=4)).run()
+found = gc.collect()
+assert found == 0, f"the native simulation left {found} objects in cycles: {sorted({type(o).__qualname__ for o in gc.garbage})}"
+'
+PYTHONPATH="$root/$out:$root/api" .venv/bin/python -c "$cycles" || {
+  rm -rf "$out"
+  exit 1
+}
+echo "native build in $out: $(echo "$pure" | wc -l) simulations decide as the pure build does, and leave no reference cycles"

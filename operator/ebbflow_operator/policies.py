@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import groupby
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from .allocator import Allocation, Demand, NodeClass, Packing, Policy, PriorityFairShare, first_acceptable
 from .loss_curve import LossCurve, fit_loss_curve
@@ -574,18 +574,25 @@ def _goodputs(model: JobModel) -> PlacementValues:
     return goodput
 
 
-def _per_job(make: Callable[[Demand], T]) -> Callable[[Demand], T]:
-    """`make(demand)` (a job's fitted models), worked out the first time a pass needs it and then
-    remembered. Most jobs of a pass are never asked (at their max, or no node has room for them),
-    and fitting every job's loss curve up front was most of the quality policy's time at scale."""
-    done: dict[JobKey, T] = {}
+class _PassJobs(Generic[T]):
+    """Per-job values of one pass (a job's fitted models), worked out the first time the pass needs
+    them and then remembered. Most jobs of a pass are never asked (at their max, or no node has
+    room for them), and fitting every job's loss curve up front was most of the quality policy's
+    time at scale. A class rather than closures: compiled (`make sim-native`), closures that capture
+    each other form reference cycles, which kept every pass's models alive until the cyclic garbage
+    collector found them (a quarter of a native simulation's time went to it)."""
 
-    def get(demand: Demand) -> T:
-        if demand.key not in done:
-            done[demand.key] = make(demand)
-        return done[demand.key]
+    def __init__(self) -> None:
+        self._done: dict[JobKey, T] = {}
 
-    return get
+    def job(self, demand: Demand) -> T:
+        done = self._done.get(demand.key)
+        if done is None:
+            done = self._done[demand.key] = self._make(demand)
+        return done
+
+    def _make(self, demand: Demand) -> T:
+        raise NotImplementedError
 
 
 def _typical_node(
@@ -634,36 +641,14 @@ class GoodputPolicy:
         for d in demands:
             if d.eligible not in typical:
                 typical[d.eligible] = _typical_node(d.eligible, free, self.devices)
-
-        def per_job(demand: Demand) -> tuple[JobModel, float, PlacementValues, float]:
-            """(model, baseline goodput, goodput at a placement, restart factor)."""
-            model = info[demand.key].model()
-            goodputs = _goodputs(model)
-            baseline = self._baseline(demand, goodputs, fair[demand.key], typical[demand.eligible])
-            return model, baseline, goodputs, self._restart_factor(demand)
-
-        job = _per_job(per_job)
-
-        def speedup(demand: Demand, placement: Placement) -> float:
-            _, baseline, goodputs, _ = job(demand)
-            return goodputs(placement) / baseline
-
-        def utility(demand: Demand, placement: Placement) -> float:
-            if placement.workers <= 0:
-                return -NO_WORKERS_PENALTY
-            _, baseline, goodputs, factor = job(demand)
-            gain = goodputs(placement) / baseline
-            if placement.workers != len(demand.current_nodes):
-                gain *= factor
-            return -1.0 / gain if gain > 0 else -NO_WORKERS_PENALTY
-
+        objective = _GoodputObjective(self, info, fair, typical)
         packing = SlicedPacking(free, self.devices)
         packing.hold(demands)
-        counts = _allocate(demands, packing, utility, _breakpoints(info))
+        counts = _allocate(demands, packing, objective.utility, _breakpoints(info))
         _cancel_relocations(demands, counts, packing)
-        moves = self._consolidate(demands, counts, packing, speedup)
+        moves = self._consolidate(demands, counts, packing, objective.speedup)
         batches = {
-            d.key: job(d)[0].best_batch(packing.placement(d))
+            d.key: objective.job(d)[0].best_batch(packing.placement(d))
             for d in demands
             if info[d.key].max_batch is not None and counts[d.key] > 0
         }
@@ -728,6 +713,42 @@ class GoodputPolicy:
         return max(1e-6, (age - rescales * pause) / (age + pause))
 
 
+class _GoodputObjective(_PassJobs[tuple[JobModel, float, PlacementValues, float]]):
+    """One pass's goodput objective: per job (model, baseline goodput at its fair share, goodput at
+    a placement, restart factor), and the speedup and utility `GoodputPolicy` describes."""
+
+    def __init__(
+        self,
+        policy: GoodputPolicy,
+        info: Mapping[JobKey, JobMetrics],
+        fair: Mapping[JobKey, int],
+        typical: Mapping[frozenset[str], int],
+    ) -> None:
+        super().__init__()
+        self.policy, self.info, self.fair, self.typical = policy, info, fair, typical
+
+    def _make(self, demand: Demand) -> tuple[JobModel, float, PlacementValues, float]:
+        model = self.info[demand.key].model()
+        goodputs = _goodputs(model)
+        fair, typical = self.fair[demand.key], self.typical[demand.eligible]
+        baseline = self.policy._baseline(demand, goodputs, fair, typical)
+        return model, baseline, goodputs, self.policy._restart_factor(demand)
+
+    def speedup(self, demand: Demand, placement: Placement) -> float:
+        _, baseline, goodputs, _ = self.job(demand)
+        return goodputs(placement) / baseline
+
+    def utility(self, demand: Demand, placement: Placement) -> float:
+        """-1 / speedup, the speedup discounted by the restart factor at any size but the current."""
+        if placement.workers <= 0:
+            return -NO_WORKERS_PENALTY
+        _, baseline, goodputs, factor = self.job(demand)
+        gain = goodputs(placement) / baseline
+        if placement.workers != len(demand.current_nodes):
+            gain *= factor
+        return -1.0 / gain if gain > 0 else -NO_WORKERS_PENALTY
+
+
 @lru_cache(maxsize=4096)
 def _curve(losses: tuple[tuple[float, float], ...]) -> LossCurve | None:
     """The job's fitted curve, memoised across passes; None below 3 reports."""
@@ -756,20 +777,8 @@ class QualityPolicy:
 
     def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]:
         info = _metrics_of(demands, self.metrics)
-
-        def model_and_curve(demand: Demand) -> tuple[JobModel, LossCurve, float]:
-            model = info[demand.key].model()
-            return model, *self._curve(demand, info[demand.key], model)
-
-        job = _per_job(model_and_curve)
-
-        def utility(demand: Demand, placement: Placement) -> float:
-            if placement.workers <= 0:
-                return 0.0
-            model, curve, step = job(demand)
-            return curve.normalised_reduction(step, self.horizon_s / model.step_s(placement))
-
-        return _allocate(demands, SlicedPacking(free, self.devices), utility, _breakpoints(info))
+        objective = _QualityObjective(self, info)
+        return _allocate(demands, SlicedPacking(free, self.devices), objective.utility, _breakpoints(info))
 
     def _curve(self, demand: Demand, metrics: JobMetrics, model: JobModel) -> tuple[LossCurve, float]:
         """(curve, the step the job is at): fitted, or the prior from step 0."""
@@ -778,6 +787,25 @@ class QualityPolicy:
             return fitted, metrics.steps_done()
         half = self.horizon_s / model.step_s(Placement(max(1, demand.min)))
         return LossCurve.prior(half), 0.0
+
+
+class _QualityObjective(_PassJobs[tuple[JobModel, LossCurve, float]]):
+    """One pass's quality objective: per job (model, loss curve, the step it is at), and the
+    normalised loss reduction over the policy's horizon at a placement."""
+
+    def __init__(self, policy: QualityPolicy, info: Mapping[JobKey, JobMetrics]) -> None:
+        super().__init__()
+        self.policy, self.info = policy, info
+
+    def _make(self, demand: Demand) -> tuple[JobModel, LossCurve, float]:
+        model = self.info[demand.key].model()
+        return model, *self.policy._curve(demand, self.info[demand.key], model)
+
+    def utility(self, demand: Demand, placement: Placement) -> float:
+        if placement.workers <= 0:
+            return 0.0
+        model, curve, step = self.job(demand)
+        return curve.normalised_reduction(step, self.policy.horizon_s / model.step_s(placement))
 
 
 def policy_named(

@@ -56,7 +56,7 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
-from functools import cached_property, lru_cache
+from functools import cached_property, lru_cache, partial
 
 from .search import golden_min, grid_then_golden
 
@@ -319,15 +319,19 @@ def _compute_error(data: Sequence[Measurement], params: ThroughputParams) -> flo
     )
 
 
+def _contention_error(data: Sequence[Measurement], base: ThroughputParams, contention: float) -> float:
+    """The compute error of the best compute line under `contention`."""
+    return _compute_error(data, _compute_line(data, _with(base, contention=contention)))
+
+
 def _fit_compute(data: Sequence[Measurement], base: ThroughputParams) -> ThroughputParams:
     """Compute line and contention. Contention needs compute measured at two or more numbers of busy
     devices per node; no contention is kept when it explains the measurements as well."""
     if len({busy_devices(m.placement) for m in data}) < 2:
         return _compute_line(data, base)
-
-    def error(contention: float) -> float:
-        return _compute_error(data, _compute_line(data, _with(base, contention=contention)))
-
+    # A partial, not a nested function: compiled, a nested function and its scope refer to each
+    # other (a reference cycle left to the cyclic garbage collector at every fit).
+    error = partial(_contention_error, data, base)
     found = golden_min(error, 0.0, CONTENTION_MAX)
     best = min((0.0, found), key=error)
     return _compute_line(data, _with(base, contention=best))

@@ -22,6 +22,7 @@ result depends only on the jobs, the config and the seed.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 from collections.abc import Sequence
@@ -163,6 +164,19 @@ class Simulation:
         self._account()
 
     def run(self) -> Result:
+        """Runs the simulation to its end with the cyclic garbage collector off (restored after).
+        The simulation makes no reference cycles (a unit test checks each policy), so reference
+        counting frees all it drops, and the collector's full passes over its large long-lived heap
+        (the trace, the caches of fitted models) were a quarter of a native run's time."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _run(self) -> Result:
         self._start()
         unfinished = len(self.states)
         while unfinished and self.now < MAX_SIM_S:

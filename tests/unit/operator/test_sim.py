@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -172,6 +173,30 @@ def test_every_rate_is_current_after_every_change(policy: str, adaptive: float) 
     assert bool(changed) is (policy == "goodput" and adaptive > 0)
     grew = [st for st in s.states.values() if st.noise_scale > st.job.noise_scale]
     assert bool(grew) is (adaptive > 0 and policy != "restart")  # the rigid baselines' B is fixed
+
+
+@pytest.mark.parametrize("policy", ["static", "restart", "fair", "goodput", "quality"])
+def test_a_simulation_leaves_no_reference_cycles(policy: str) -> None:
+    """`Simulation.run` turns the cyclic garbage collector off: whatever it drops must be freed by
+    reference counting alone (a cycle would stay in memory until the run ends)."""
+    cluster = ClusterConfig(
+        gpus=64,
+        replicas=2,
+        spot_fraction=0.5,
+        preempt_rate_per_hour=2.0,
+        gpu_types=(GpuType("A100", 0.5, 1.0), GpuType("T4", 0.5, 0.3)),
+    )
+    trace = TraceConfig(jobs=12, gpus=32, elastic_max_factor=4, adaptive_batch_fraction=0.5)
+    s = Simulation(generate(trace, 2), policy, SimConfig(cluster=cluster, seed=2))
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # keep what the collector finds, to name it on failure
+    try:
+        s.run()
+        assert gc.isenabled() and gc.collect() == 0, sorted({type(o).__qualname__ for o in gc.garbage})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert s.preemptions > 0
 
 
 def test_same_seed_same_json(capsys: pytest.CaptureFixture[str]) -> None:
