@@ -72,7 +72,7 @@ class Model:
     ) -> float:
         """Predicted step seconds on `gpu_type` (`speed` when it was never measured); `tail` as in
         `throughput.slowdown`."""
-        placed = replace(placement, speed=self.speeds.get(gpu_type, speed))
+        placed = placement.with_speed(self.speeds.get(gpu_type, speed))
         return self.params.step_s(placed, micro, accum, tail)
 
 

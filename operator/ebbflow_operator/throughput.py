@@ -57,6 +57,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import cached_property, lru_cache, partial
+from typing import Final
 
 from .search import golden_min, grid_then_golden
 
@@ -66,14 +67,36 @@ TIME_SLICE_OVERHEAD = 0.1  # a time-sliced device does 10% less work than its sh
 CONTENTION_MAX = 1.0  # the most one more busy device on a node may slow compute (fit's search range)
 
 
-@dataclass(frozen=True)
 class Placement:
-    """Where a job's workers run: how many, on how many nodes, and the time-slicing share (>= 1)."""
+    """Where a job's workers run: how many, on how many nodes, the time-slicing share (>= 1), and
+    the relative compute speed of the slowest GPU type among the job's nodes. A value: compared and
+    hashed by its fields, never changed (`Final`; read-only once compiled). Written out rather than
+    a frozen dataclass: a policy pass builds thousands, and in the simulator's native build
+    (`make sim-native`) a dataclass's generated `__init__` stays interpreted Python, about 20 times
+    the cost of this one compiled."""
 
-    workers: int
-    nodes: int = 1
-    share: float = 1.0
-    speed: float = 1.0  # relative compute speed of the slowest GPU type among the job's nodes
+    def __init__(self, workers: int, nodes: int = 1, share: float = 1.0, speed: float = 1.0) -> None:
+        self.workers: Final = workers
+        self.nodes: Final = nodes
+        self.share: Final = share
+        self.speed: Final = speed
+
+    def with_speed(self, speed: float) -> Placement:
+        return Placement(self.workers, self.nodes, self.share, speed)
+
+    def _fields(self) -> tuple[int, int, float, float]:
+        return self.workers, self.nodes, self.share, self.speed
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Placement) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (
+            f"Placement(workers={self.workers}, nodes={self.nodes}, share={self.share}, speed={self.speed})"
+        )
 
 
 @dataclass(frozen=True)
@@ -455,7 +478,7 @@ def compute_speeds(jobs: Iterable[Sequence[Measurement]]) -> dict[str, float]:
         line = fit_cached(on_reference)
         by_type: dict[str, list[float]] = defaultdict(list)
         for m in others:
-            at_reference = replace(m.placement, speed=1.0)
+            at_reference = m.placement.with_speed(1.0)
             expected = line.slowed_compute_s(at_reference, m.micro_batch, m.accum_steps, m.tail)
             by_type[m.gpu_type].append(expected / m.compute_s)
         for gpu_type, values in by_type.items():
