@@ -41,15 +41,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(SETUP_TIMEOUT_S))
 
 
+# Errors whose cluster state a report carries already: a module fixture's failure is raised again,
+# the same object, in the set-up of each of its tests (26 for the dashboard's).
+_REPORTED_ERRORS: list[BaseException] = []
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """A failed e2e test's report carries the cluster's state at that moment (e2e/diagnostics.py)."""
+    """A failed e2e test's report, or a failed fixture's (once), carries the cluster's state at that
+    moment (e2e/diagnostics.py)."""
     report = yield
     cluster = getattr(item, "funcargs", {}).get("kind")
-    if report.when == "call" and report.failed and isinstance(cluster, Kind):
-        report.sections.append(("cluster state at the failure", cluster_state(cluster)))
+    if report.when not in ("setup", "call") or not report.failed or not isinstance(cluster, Kind):
+        return report
+    error = call.excinfo.value if call.excinfo is not None else None
+    if error is not None and any(error is seen for seen in _REPORTED_ERRORS):
+        return report
+    if error is not None:
+        _REPORTED_ERRORS.append(error)
+    report.sections.append(("cluster state at the failure", cluster_state(cluster)))
     return report
 
 

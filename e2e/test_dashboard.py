@@ -37,14 +37,19 @@ def _with_variables(expression: str) -> str:
 
 @pytest.fixture(scope="module")
 def rescaled_job(kind: Kind) -> Iterator[str]:
-    """A job training on three workers that lost one (a rescale, a pause) and is still running."""
+    """A job training on three workers that lost one (a rescale, a pause) and is still running. It goes
+    whether or not it got there: left running, it held three GPUs through the next module's tests."""
     jobs.apply(kind, jobs.digits_job(JOB, 1, 3, steps=4000, vnode_seconds=0.03))
-    wait_for(lambda: jobs.all_training_together(kind, JOB, 3), JOB_DEADLINE_S, "three workers training")
-    victim = sorted(jobs.running_workers(kind, JOB))[-1]
-    kind.kubectl("-n", E2E_NAMESPACE, "delete", "pod", victim, timeout=120)
-    wait_for(lambda: jobs.all_training_together(kind, JOB, 3), JOB_DEADLINE_S, "three again after a rescale")
-    yield JOB
-    kind.kubectl("-n", E2E_NAMESPACE, "delete", "elastictrainingjob", JOB, "--wait=true", timeout=300)
+    try:
+        wait_for(lambda: jobs.all_training_together(kind, JOB, 3), JOB_DEADLINE_S, "three workers training")
+        victim = sorted(jobs.running_workers(kind, JOB))[-1]
+        kind.kubectl("-n", E2E_NAMESPACE, "delete", "pod", victim, timeout=120)
+        wait_for(
+            lambda: jobs.all_training_together(kind, JOB, 3), JOB_DEADLINE_S, "three again after a rescale"
+        )
+        yield JOB
+    finally:
+        kind.kubectl("-n", E2E_NAMESPACE, "delete", "elastictrainingjob", JOB, "--wait=true", timeout=300)
 
 
 @pytest.mark.parametrize(("panel", "expression"), _expressions(), ids=[i for i, _ in _expressions()])

@@ -8,7 +8,7 @@
 # set-up again (EBBFLOW_E2E_PREPARED: 106 s at stop 35). Tried and dropped: setting the cluster up
 # while the unit tier ran (a warm machine had the room). The e2e tier then began 400 s sooner, in
 # the trainer tier's busiest part: at a load average of 25-41 the e2e trainers' rendezvous
-# heartbeats missed their 3 s budget again and again, and the dashboard test's job never trained
+# heartbeats missed their 3 s budget (10 s since) again and again, and the dashboard test's job never trained
 # on three workers within 420 s; the unit tier took 401 s instead of 151. The trainer and integration tiers
 # start with the cluster set-up, and the e2e tier starts as soon as its cluster is ready, beside
 # them: all three mostly wait (on sleeps standing in for device time, rendezvous rounds, signals,

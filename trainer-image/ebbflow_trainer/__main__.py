@@ -87,11 +87,16 @@ def _add_timeouts(run: argparse.ArgumentParser) -> None:
         default=1.0,
         help="wait for more nodes once min have joined",
     )
-    run.add_argument("--keep-alive-interval", type=float, default=1.0, help="rendezvous heartbeat period (s)")
+    run.add_argument(
+        "--keep-alive-interval",
+        type=float,
+        default=argparse.SUPPRESS,  # TrainerConfig's default (1 s)
+        help="rendezvous heartbeat period (s)",
+    )
     run.add_argument(
         "--keep-alive-max-attempt",
         type=int,
-        default=3,
+        default=argparse.SUPPRESS,  # TrainerConfig's default (10)
         help="missed heartbeats before a node is dead",
     )
     run.add_argument("--store-timeout", type=float, default=60.0)

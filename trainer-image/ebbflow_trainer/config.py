@@ -106,8 +106,11 @@ class TrainerConfig:
     # Rendezvous and failure-detection timeouts: short, so a re-formed world trains again in seconds.
     join_timeout: float = float(DEFAULT_JOIN_TIMEOUT)
     last_call_timeout: float = 1.0
+    # A heartbeat every second; a node silent for 10 of them is dead (docs/trainer.md, "Membership
+    # changes"). A false death re-forms the whole world and, on an overloaded node, again and again
+    # (3 s did that on a loaded CI machine); a true one (SIGKILL) only waits the budget out once.
     keep_alive_interval: float = 1.0
-    keep_alive_max_attempt: int = 3
+    keep_alive_max_attempt: int = 10
     store_timeout: float = 60.0
     # How long a launcher waits for a new rendezvous store after losing it (see .rendezvous).
     store_loss_timeout: float = 300.0
@@ -276,6 +279,11 @@ def validate(config: TrainerConfig) -> None:
         value = getattr(config, name)
         if not (value > 0 and math.isfinite(value)):
             raise ConfigError(f"--{name.replace('_', '-')}={value} must be a positive number of seconds.")
+    if config.keep_alive_max_attempt < 1:
+        raise ConfigError(
+            f"--keep-alive-max-attempt={config.keep_alive_max_attempt} must be at least 1: the heartbeats a "
+            "node may miss before its peers drop it."
+        )
     if not 1 <= config.max_nonfinite_steps <= MAX_NON_FINITE_STEPS:
         raise ConfigError(
             f"{contract.ENV_MAX_NONFINITE_STEPS}={config.max_nonfinite_steps} (spec.maxNonFiniteSteps) must "
