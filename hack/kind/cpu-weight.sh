@@ -21,16 +21,17 @@ node=${1:?usage: $0 NODE}
 shares=${KIND_CPU_SHARES:-32768}
 ((shares > 0)) || exit 0
 
-pid=$(docker inspect --format '{{.State.Pid}}' "$node")
-# cgroup v1's cpu line, e.g. "4:cpu,cpuacct:/docker/<id>"; none on cgroup v2.
+read -r id pid < <(docker inspect --format '{{.Id}} {{.State.Pid}}' "$node")
+# cgroup v1's cpu line of the node's init, e.g. "1:cpu:/docker/<id>/init.scope" (a kind node's
+# systemd moves itself below its container's group); none on cgroup v2.
 group=$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3}' "/proc/$pid/cgroup")
 mount=$(awk '$3 == "cgroup" && $4 ~ /(^|,)cpu(,|$)/ {print $2; exit}' /proc/mounts)
 if [[ -z $group || -z $mount ]]; then
   echo "[cpu-weight] not cgroup v1: the containers' CPU weight is left to the host" >&2
   exit 0
 fi
-parent=$mount${group%/*}
-if [[ $parent == "$mount" || ! -w $parent/cpu.shares ]]; then
+parent=$mount${group%%/"$id"*} # the group that holds every container: /docker by default
+if [[ $group != */"$id"* || $parent == "$mount" || ! -w $parent/cpu.shares ]]; then
   echo "[cpu-weight] $parent/cpu.shares is not a writable container group: left alone" >&2
   exit 0
 fi
