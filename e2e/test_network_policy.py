@@ -90,3 +90,18 @@ def test_only_the_jobs_pods_reach_its_rendezvous_store(kind: Kind, namespace: st
     # a filter the worker's kernel would answer with a reset: "refused").
     assert probe(kind, "stranger", store, contract.RENDEZVOUS_PORT) == "dropped"
     assert probe(kind, "stranger", worker_ip, contract.RENDEZVOUS_PORT) == "dropped"
+
+
+def test_no_two_pods_share_an_address(kind: Kind) -> None:
+    """The chained CNI configuration keeps flannel's network name, so host-local IPAM keeps one set of
+    allocations per node (hack/cilium/chaining.yaml): under another name, the pods started after
+    Cilium got the addresses of CoreDNS and the other pods started before it."""
+    owners: dict[str, list[str]] = {}
+    for pod in kind.json("get", "pods", "-A")["items"]:
+        address = pod["status"].get("podIP")
+        if pod["spec"].get("hostNetwork") or pod["status"].get("phase") in ("Succeeded", "Failed"):
+            continue
+        if address:
+            owners.setdefault(address, []).append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
+    shared = {address: pods for address, pods in owners.items() if len(pods) > 1}
+    assert not shared, f"pods sharing an address: {shared}"
