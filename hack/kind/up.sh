@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Creates the local kind cluster "ebbflow" (1 control plane + 3 workers) entirely offline: builds or
 # reuses the cached base and node images, creates the cluster from hack/kind/cluster.yaml, installs
-# flannel (hack/kind/flannel.yaml) and waits until every node is Ready and CoreDNS runs. On cgroup v1
-# hosts the containers get the CPU weight of the processes they run (hack/kind/cpu-weight.sh).
+# flannel (hack/kind/flannel.yaml) and waits until every node is Ready and CoreDNS runs.
 # Kubeconfig: .cluster/kind-kubeconfig. Idempotent: an existing cluster (also one whose nodes docker is
 # starting again) is only waited for.
 set -euo pipefail
@@ -41,9 +40,6 @@ else
     --kubeconfig "$KUBECONFIG_OUT" ${KIND_RETAIN:+--retain}
   timing "kind create cluster"
 fi
-
-# The cluster weighs as the processes it runs, not as one host process (cgroup v1; see the script).
-bash "$KIND_DIR/cpu-weight.sh" "$(kind get nodes --name "$CLUSTER" | head -1)"
 
 # An existing cluster may be starting again: docker restarts its nodes when the daemon or the machine
 # restarts (a CI run's cluster left behind did, and `kubectl apply` then failed at once with "failed
