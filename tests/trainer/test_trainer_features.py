@@ -93,6 +93,15 @@ def _first_generation_at(nodes: list[Node], size: int, after: int) -> list[dict[
     return [g for g in records if g["generation"] == first]
 
 
+def _node_of_rank(nodes: list[Node], rank: int, size: int) -> Node | None:
+    """The node whose latest step ran as ``rank`` in a world of ``size``; None while any node's latest
+    step is from another world (a peer may not have logged its first step of the new world yet)."""
+    latest = [n.last_step() for n in nodes]
+    if any(last is None or last["world"] != size for last in latest):
+        return None
+    return next((n for n, last in zip(nodes, latest, strict=True) if last and last["rank"] == rank), None)
+
+
 def test_join_sigterm_and_sigkill_end_equal_to_a_calm_run(
     tmp_path: Path, calm_features: dict[str, Any]
 ) -> None:
@@ -113,7 +122,7 @@ def test_join_sigterm_and_sigkill_end_equal_to_a_calm_run(
         assert {g["source"] for g in _first_generation_at([newcomer], 3, 0)} == {"peer"}
 
         nodes = [*first, newcomer]
-        leaver = next(n for n in nodes if n.last_step()["rank"] == 1)  # type: ignore[index]
+        leaver = wait_for(lambda: _node_of_rank(nodes, 1, 3), 300, "every node to train at world size 3")
         leaver.terminate()
         assert leaver.process.wait(timeout=120) == contract.EXIT_SUCCESS, job.logs()
         # The last one: a worker also logs "left" when its agent stops it to admit the newcomer.
