@@ -8,9 +8,8 @@ from typing import Any
 
 import yaml
 from ebbflow_api.builders import JobBuilder
-from ebbflow_api.waiting import wait_for
 from ebbflow_operator.devcluster import trainer_logs
-from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, TRAINER_IMAGE, Kind, KindError
+from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, TRAINER_IMAGE, Kind, KindError, poll
 
 JOB_DEADLINE_S = 420
 # Device time simulated per virtual node, so that a run lasts long enough to disturb (the CPU computes
@@ -68,7 +67,7 @@ def wait_phase(kind: Kind, name: str, phase: str, timeout: float = JOB_DEADLINE_
         assert current.get("phase") != "Failed" or phase == "Failed", f"job failed: {describe(kind)}"
         return current if current.get("phase") == phase else None
 
-    return wait_for(reached, timeout, f"job {name} {phase}")
+    return poll(reached, timeout, f"job {name} {phase}")
 
 
 def worker_pods(kind: Kind, name: str) -> list[dict[str, Any]]:

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import yaml
 from ebbflow_api import contract
-from ebbflow_api.waiting import wait_for
 from ebbflow_operator.devcluster.kind import (
     CHART_VALUES,
     OPERATOR_DEPLOYMENT,
@@ -24,6 +23,7 @@ from ebbflow_operator.devcluster.kind import (
     Kind,
     KindError,
     install_chart,
+    poll,
     run,
 )
 from ebbflow_operator.leader import LEASE_NAME
@@ -85,7 +85,7 @@ def reinstalled(kind: Kind) -> Iterator[None]:
     """Whatever the test did to the release, the next test finds it installed and Ready."""
     yield
     install_chart(kind, CHART_VALUES)
-    wait_for(lambda: operator_ready(kind), REMOVAL_DEADLINE_S, "the operator Ready after reinstall")
+    poll(lambda: operator_ready(kind), REMOVAL_DEADLINE_S, "the operator Ready after reinstall")
 
 
 def test_helm_uninstall_removes_the_release_but_keeps_the_crd_and_the_jobs(
@@ -97,9 +97,9 @@ def test_helm_uninstall_removes_the_release_but_keeps_the_crd_and_the_jobs(
     assert {"ClusterRole", "ClusterRoleBinding", "PodDisruptionBudget"} <= kinds, kinds
     assert all(exists(kind, o) for o in objects), "an object of the release is missing"
     assert operator_ready(kind)
-    pods = wait_for(lambda: operator_pods(kind), REMOVAL_DEADLINE_S, "the operator pods listed")
+    pods = poll(lambda: operator_pods(kind), REMOVAL_DEADLINE_S, "the operator pods listed")
     assert len(pods) == 2, f"the chart runs a leader and a standby: {pods}"
-    holder = wait_for(lambda: lease_holder(kind), 120, "a leader elected")
+    holder = poll(lambda: lease_holder(kind), 120, "a leader elected")
     assert [p for p in pods if holder.startswith(f"{p}-")], f"the Lease is held by {holder}, not by {pods}"
     crd = kind.json("get", "customresourcedefinition", CRD_NAME)
     assert crd["metadata"]["annotations"].get("helm.sh/resource-policy") == "keep"
@@ -108,17 +108,17 @@ def test_helm_uninstall_removes_the_release_but_keeps_the_crd_and_the_jobs(
     job = jobs.digits_job("left-behind", 1, 1, steps=10, vnode_seconds=0.0)
     job["spec"]["template"]["spec"]["nodeSelector"] = {"ebbflow.dev/no-such-node": "true"}
     jobs.apply(kind, job)
-    wait_for(lambda: jobs.status(kind, "left-behind").get("phase") == "Pending", 120, "the job Pending")
+    poll(lambda: jobs.status(kind, "left-behind").get("phase") == "Pending", 120, "the job Pending")
 
     run("helm", "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait", timeout=REMOVAL_DEADLINE_S)
     removed = [o for o in objects if o["kind"] != "CustomResourceDefinition"]
-    wait_for(
+    poll(
         lambda: not any(exists(kind, o) for o in removed),
         REMOVAL_DEADLINE_S,
         "every object of the release but the CRD removed",
     )
     selector = f"app.kubernetes.io/instance={RELEASE}"
-    wait_for(  # the Deployment's pods go after it, within their termination grace
+    poll(  # the Deployment's pods go after it, within their termination grace
         lambda: not kind.json("--namespace", RELEASE_NAMESPACE, "get", "pods", "-l", selector)["items"],
         REMOVAL_DEADLINE_S,
         "the operator's pods gone with the release",
@@ -131,13 +131,13 @@ def test_helm_uninstall_removes_the_release_but_keeps_the_crd_and_the_jobs(
         run("helm", "status", RELEASE, "--namespace", RELEASE_NAMESPACE, timeout=60)
 
     install_chart(kind, CHART_VALUES)
-    wait_for(lambda: operator_ready(kind), REMOVAL_DEADLINE_S, "the operator Ready after reinstall")
+    poll(lambda: operator_ready(kind), REMOVAL_DEADLINE_S, "the operator Ready after reinstall")
     # A spec change made now is observed: the reinstalled operator reconciles the job left behind.
     patch = '{"spec": {"replicas": {"max": 2}}}'
     job_ref = ("--namespace", namespace, "elastictrainingjob", "left-behind")
     kind.kubectl("patch", *job_ref, "--type=merge", "-p", patch)
     wanted = kind.json("get", *job_ref)["metadata"]["generation"]
-    wait_for(
+    poll(
         lambda: jobs.status(kind, "left-behind").get("observedGeneration") == wanted,
         120,
         f"the reinstalled operator observing generation {wanted} of the job left behind",

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from ebbflow_api.waiting import wait_for
-from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, REPO, Kind
+from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, REPO, Kind, poll
 
 from . import jobs
 from .jobs import JOB_DEADLINE_S
@@ -41,12 +41,10 @@ def rescaled_job(kind: Kind) -> Iterator[str]:
     whether or not it got there: left running, it held three GPUs through the next module's tests."""
     jobs.apply(kind, jobs.digits_job(JOB, 1, 3, steps=4000, vnode_seconds=0.03))
     try:
-        wait_for(lambda: jobs.all_training_together(kind, JOB, 3), JOB_DEADLINE_S, "three workers training")
+        poll(lambda: jobs.all_training_together(kind, JOB, 3), JOB_DEADLINE_S, "three workers training")
         victim = sorted(jobs.running_workers(kind, JOB))[-1]
         kind.kubectl("-n", E2E_NAMESPACE, "delete", "pod", victim, timeout=120)
-        wait_for(
-            lambda: jobs.all_training_together(kind, JOB, 3), JOB_DEADLINE_S, "three again after a rescale"
-        )
+        poll(lambda: jobs.all_training_together(kind, JOB, 3), JOB_DEADLINE_S, "three again after a rescale")
         yield JOB
     finally:
         kind.kubectl("-n", E2E_NAMESPACE, "delete", "elastictrainingjob", JOB, "--wait=true", timeout=300)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import yaml
 from ebbflow_api import contract
-from ebbflow_api.waiting import wait_for
-from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, TRAINER_IMAGE, Kind, KindError
+from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, TRAINER_IMAGE, Kind, KindError, poll
 from ebbflow_operator.manifests import network_policy_name, rendezvous_host
 
 from . import jobs
@@ -64,7 +63,7 @@ def test_only_the_jobs_pods_reach_its_rendezvous_store(kind: Kind, namespace: st
     # Training together: each worker's process (and so its metrics port) is up, and the job's own
     # traffic (store, collectives) got through the policy.
     training = "two workers training"
-    wait_for(lambda: jobs.all_training_together(kind, "fenced", 2), jobs.JOB_DEADLINE_S, training)
+    poll(lambda: jobs.all_training_together(kind, "fenced", 2), jobs.JOB_DEADLINE_S, training)
     kind.kubectl(
         "-n", namespace, "wait", "--for=condition=Ready", "pod/stranger", "--timeout=300s", timeout=320
     )
@@ -82,10 +81,8 @@ def test_only_the_jobs_pods_reach_its_rendezvous_store(kind: Kind, namespace: st
 
     # The job's own pods reach the store; the stranger reaches a worker's metrics port, so its network
     # works and the policy's open port is honoured.
-    wait_for(lambda: reaches(worker, store, contract.RENDEZVOUS_PORT), 60, "a worker reaching its store")
-    wait_for(
-        lambda: reaches("stranger", worker_ip, contract.METRICS_PORT), 60, "the stranger reaching metrics"
-    )
+    poll(lambda: reaches(worker, store, contract.RENDEZVOUS_PORT), 60, "a worker reaching its store")
+    poll(lambda: reaches("stranger", worker_ip, contract.METRICS_PORT), 60, "the stranger reaching metrics")
     # The same stranger is dropped at the store, and at a worker's port where nothing listens (without
     # a filter the worker's kernel would answer with a reset: "refused").
     assert probe(kind, "stranger", store, contract.RENDEZVOUS_PORT) == "dropped"

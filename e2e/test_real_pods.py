@@ -4,8 +4,7 @@ a step boundary and no step is lost; workers time-slicing one physical device tr
 
 from __future__ import annotations
 
-from ebbflow_api.waiting import wait_for
-from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, WORKERS, Kind
+from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, WORKERS, Kind, poll
 
 from . import jobs
 from .jobs import JOB_DEADLINE_S
@@ -30,7 +29,7 @@ def test_a_deleted_worker_leaves_by_sigterm_and_no_step_is_lost(
     kind: Kind, namespace: str, operator: str
 ) -> None:
     jobs.apply(kind, jobs.digits_job("leave", 1, 3, steps=800, vnode_seconds=0.05))
-    wait_for(lambda: jobs.all_training_together(kind, "leave", 3), JOB_DEADLINE_S, "three workers training")
+    poll(lambda: jobs.all_training_together(kind, "leave", 3), JOB_DEADLINE_S, "three workers training")
     latest = {pod: jobs.resumptions(kind, pod)[-1] for pod in jobs.running_workers(kind, "leave")}
     trio = max(r.generation for r in latest.values())  # the world of three
     victim = next(pod for pod, r in latest.items() if r.rank != 0)
@@ -41,7 +40,7 @@ def test_a_deleted_worker_leaves_by_sigterm_and_no_step_is_lost(
         found = [r for pod in survivors for r in jobs.resumptions(kind, pod)]
         return [r for r in found if r.generation > trio and r.world_size == 2]
 
-    wait_for(lambda: bool(after_deletion()), JOB_DEADLINE_S, "the survivors to re-form a world of two")
+    poll(lambda: bool(after_deletion()), JOB_DEADLINE_S, "the survivors to re-form a world of two")
     resumed = after_deletion()
     first = min(r.generation for r in resumed)
     sources = {r.source for r in resumed if r.generation == first}
@@ -60,7 +59,7 @@ def test_workers_sharing_one_physical_device_both_train(kind: Kind, namespace: s
     # Three one-GPU workers on one node that has 2 physical devices x 2 replicas: two of them
     # must get replicas of the same physical device (NVIDIA's plugin sets its UUID, once).
     jobs.apply(kind, jobs.digits_job("shared", 3, 3, steps=400, vnode_seconds=0.02, node=WORKERS[0]))
-    wait_for(lambda: jobs.all_training_together(kind, "shared", 3), JOB_DEADLINE_S, "three on one node")
+    poll(lambda: jobs.all_training_together(kind, "shared", 3), JOB_DEADLINE_S, "three on one node")
     devices = {pod: _visible_devices(kind, pod) for pod in jobs.running_workers(kind, "shared")}
     assert all(devices.values()) and all("," not in d for d in devices.values()), devices
     shared = [d for d in set(devices.values()) if list(devices.values()).count(d) >= 2]

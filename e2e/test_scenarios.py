@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ebbflow_api.waiting import wait_for
 from ebbflow_operator.devcluster import trainer_logs
 from ebbflow_operator.devcluster.demo import target_accuracy
 from ebbflow_operator.devcluster.demo_plan import node_to_take
-from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, REPO, Kind, KindError, environment
+from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, REPO, Kind, KindError, environment, poll
 from ebbflow_operator.manifests import rendezvous_name
 
 from . import jobs
@@ -45,7 +44,7 @@ def _pod_logs(kind: Kind, name: str) -> list[str]:
 def _finish(kind: Kind, name: str) -> tuple[dict[str, Any], tuple[int, str]]:
     """Wait for Succeeded; the status and rank 0's (step, model digest)."""
     final = jobs.wait_phase(kind, name, "Succeeded", timeout=2 * JOB_DEADLINE_S)
-    digest = wait_for(lambda: trainer_logs.finished(_pod_logs(kind, name)), 60, f"{name}'s final digest")
+    digest = poll(lambda: trainer_logs.finished(_pod_logs(kind, name)), 60, f"{name}'s final digest")
     return final, digest
 
 
@@ -59,21 +58,17 @@ def test_a_preempted_node_shrinks_the_job_and_its_return_grows_it_bitwise_as_cal
 ) -> None:
     started = time.monotonic()
     jobs.apply(kind, jobs.digits_job("spot", 1, 3, steps=900, vnode_seconds=0.03, **WHOLE_NODE))
-    wait_for(
-        lambda: jobs.all_training_together(kind, "spot", 3) and _step(kind, "spot") >= 150, 600, "3 at work"
-    )
+    poll(lambda: jobs.all_training_together(kind, "spot", 3) and _step(kind, "spot") >= 150, 600, "3 at work")
     rendezvous = kind.json("-n", E2E_NAMESPACE, "get", "pod", rendezvous_name("spot"))["spec"]["nodeName"]
     node = node_to_take(jobs.status(kind, "spot")["workerNodes"], rendezvous)
     trio = max(w.generation for w in trainer_logs.worlds(_pod_logs(kind, "spot")))
     taken_at = time.monotonic()
     kind.take_node_away(node)
 
-    shrunk = wait_for(
-        lambda: (s := jobs.status(kind, "spot")).get("desiredReplicas") == 2 and s, 120, "shrunk"
-    )
+    shrunk = poll(lambda: (s := jobs.status(kind, "spot")).get("desiredReplicas") == 2 and s, 120, "shrunk")
     assert shrunk["phase"] == "Running" and shrunk.get("preemptions", 0) >= 1, shrunk
     assert any(c["type"] == "Preempted" and c["status"] == "True" for c in shrunk["conditions"]), shrunk
-    wait_for(lambda: _grows_after(kind, "spot", trio, 2), JOB_DEADLINE_S, "a world of two training")
+    poll(lambda: _grows_after(kind, "spot", trio, 2), JOB_DEADLINE_S, "a world of two training")
     resumed_at = time.monotonic()
     pair = next(
         w for w in trainer_logs.worlds(_pod_logs(kind, "spot")) if w.generation > trio and w.size == 2
@@ -81,9 +76,9 @@ def test_a_preempted_node_shrinks_the_job_and_its_return_grows_it_bitwise_as_cal
     assert pair.source == "memory" and pair.steps_lost == 0, pair
 
     step = _step(kind, "spot")
-    wait_for(lambda: _step(kind, "spot") >= step + 100, JOB_DEADLINE_S, "100 steps on two workers")
+    poll(lambda: _step(kind, "spot") >= step + 100, JOB_DEADLINE_S, "100 steps on two workers")
     kind.bring_node_back(node)
-    wait_for(lambda: _grows_after(kind, "spot", pair.generation, 3), JOB_DEADLINE_S, "three again")
+    poll(lambda: _grows_after(kind, "spot", pair.generation, 3), JOB_DEADLINE_S, "three again")
     final, (steps, digest) = _finish(kind, "spot")
     accuracy = final["progress"]["eval"]["metrics"]["accuracy"]
     assert steps == 900 and accuracy >= target_accuracy(), final["progress"]
@@ -114,7 +109,7 @@ def test_the_job_keeps_training_when_its_rendezvous_node_is_lost(
     kind: Kind, namespace: str, operator: str
 ) -> None:
     jobs.apply(kind, jobs.digits_job("store", 1, 3, steps=900, vnode_seconds=0.03, **WHOLE_NODE))
-    wait_for(
+    poll(
         lambda: jobs.all_training_together(kind, "store", 3) and _step(kind, "store") >= 150, 600, "3 at work"
     )
     store = _rendezvous_pod(kind, "store")
@@ -125,7 +120,7 @@ def test_the_job_keeps_training_when_its_rendezvous_node_is_lost(
     try:
         # The operator puts a new store under the same DNS name; the trainers resolve it again, re-join
         # it (it starts empty) and resume from memory.
-        replaced = wait_for(
+        replaced = poll(
             lambda: (
                 (p := _rendezvous_pod(kind, "store"))["metadata"]["uid"] != store["metadata"]["uid"]
                 and p["status"].get("phase") == "Running"
@@ -134,9 +129,7 @@ def test_the_job_keeps_training_when_its_rendezvous_node_is_lost(
             "a new rendezvous pod",
         )
         assert replaced
-        wait_for(
-            lambda: _grows_after(kind, "store", trio, 2), JOB_DEADLINE_S, "a world of two on the new store"
-        )
+        poll(lambda: _grows_after(kind, "store", trio, 2), JOB_DEADLINE_S, "a world of two on the new store")
         resumed_at = time.monotonic()
         pair = next(
             w for w in trainer_logs.worlds(_pod_logs(kind, "store")) if w.generation > trio and w.size == 2
@@ -165,22 +158,20 @@ def test_a_higher_priority_job_takes_gpus_gracefully_and_gives_them_back(
         "low", 1, 3, steps=LONGER_THAN_THE_SCENARIO, vnode_seconds=0.03, priority=0, **WHOLE_NODE
     )
     jobs.apply(kind, low_job)
-    wait_for(lambda: jobs.all_training_together(kind, "low", 3), 600, "the low-priority job on 3 workers")
+    poll(lambda: jobs.all_training_together(kind, "low", 3), 600, "the low-priority job on 3 workers")
     trio = max(w.generation for w in trainer_logs.worlds(_pod_logs(kind, "low")))
     jobs.apply(kind, jobs.digits_job("high", 1, 2, steps=200, vnode_seconds=0.03, priority=10, **WHOLE_NODE))
-    wait_for(
-        lambda: jobs.all_training_together(kind, "high", 2), JOB_DEADLINE_S, "the high-priority job at max"
-    )
+    poll(lambda: jobs.all_training_together(kind, "high", 2), JOB_DEADLINE_S, "the high-priority job at max")
     assert jobs.status(kind, "low")["desiredReplicas"] == 1
     # The leavers stopped at a step boundary (SIGTERM, exit 0): the one left resumed from memory and
     # lost nothing, and the operator counted no failure.
-    wait_for(lambda: _grows_after(kind, "low", trio, 1), JOB_DEADLINE_S, "the low job training alone")
+    poll(lambda: _grows_after(kind, "low", trio, 1), JOB_DEADLINE_S, "the low job training alone")
     alone = next(
         w for w in trainer_logs.worlds(_pod_logs(kind, "low")) if w.generation > trio and w.size == 1
     )
     assert alone.source == "memory" and alone.steps_lost == 0, alone
     jobs.wait_phase(kind, "high", "Succeeded")
-    wait_for(lambda: _grows_after(kind, "low", alone.generation, 3), JOB_DEADLINE_S, "the low job back to 3")
+    poll(lambda: _grows_after(kind, "low", alone.generation, 3), JOB_DEADLINE_S, "the low job back to 3")
     low = jobs.status(kind, "low")
     assert low["phase"] == "Running" and not low.get("restarts"), low
     worlds = [w for w in trainer_logs.worlds(_pod_logs(kind, "low")) if w.generation > 1]

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from ebbflow_api.contract import API_GROUP
@@ -38,6 +38,10 @@ OPERATOR_DEPLOYMENT = RELEASE  # the chart's fullname for a release named like t
 # Where the demo and the e2e tier run jobs: the chart gives their workers the trainers'
 # ServiceAccount (progress annotation) there. One installation serves both.
 DEMO_NAMESPACE, E2E_NAMESPACE = "ebbflow-demo", "ebbflow-e2e"
+# Every read through kubectl starts a process (about 0.1 s of CPU, measured, and a TLS handshake with
+# the API server): at wait_for's default of ten polls a second, a wait kept up to a core busy beside the
+# cluster it waited on. What the e2e tier and the demo wait for takes seconds to minutes.
+KUBECTL_POLL_S = 1.0
 CHART_VALUES = (f"trainer.rbac.namespaces={{{DEMO_NAMESPACE},{E2E_NAMESPACE}}}", "operator.resyncInterval=5")
 # A node taken away carries this NoExecute taint until its Node object is deleted.
 TAKEN_AWAY_TAINT = "ebbflow.dev/taken-away"
@@ -68,6 +72,14 @@ def run(*command: str, input: str | None = None, timeout: float = SETUP_TIMEOUT_
     if result.returncode != 0:
         raise KindError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
     return result.stdout
+
+
+T = TypeVar("T")
+
+
+def poll(condition: Callable[[], T], timeout: float, what: str) -> T:
+    """`wait_for` for a condition read through kubectl: checked every KUBECTL_POLL_S seconds."""
+    return wait_for(condition, timeout, what, interval=KUBECTL_POLL_S)
 
 
 @dataclass
@@ -118,7 +130,7 @@ class Kind:
             pods = self.json("get", "pods", "-A", "--field-selector", f"spec.nodeName={node}")["items"]
             return not any(_evicted_by_taint(p) for p in pods)
 
-        wait_for(evicted, timeout, f"the pods on {node} to leave")
+        poll(evicted, timeout, f"the pods on {node} to leave")
         self.kubectl("delete", "node", node, "--wait=true", timeout=timeout)
 
     def bring_node_back(self, node: str, timeout: float = 300, gpus: int = GPUS_PER_WORKER_NODE) -> None:
@@ -133,10 +145,10 @@ class Kind:
             " rm -rf /var/lib/cni/networks/* /run/flannel/subnet.env; systemctl start kubelet"
         )
         run("docker", "exec", node, "sh", "-c", reset, timeout=120)
-        wait_for(lambda: self.gpus_advertised((node,), gpus), timeout, f"{node} Ready with its GPUs again")
+        poll(lambda: self.gpus_advertised((node,), gpus), timeout, f"{node} Ready with its GPUs again")
         # Ready with GPUs is the kubelet and the device plugin; pods put there before its pod network
         # and NetworkPolicy agents serve again would start on a half-made node.
-        wait_for(
+        poll(
             lambda: not daemons_not_ready(self.json("get", "pods", "-A")["items"], node),
             timeout,
             f"the DaemonSets' pods on {node} Ready again",
@@ -241,7 +253,7 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_poli
     install_chart(kind, CHART_VALUES)
     done("operator (helm upgrade --install charts/ebbflow)")
     install_prometheus(kind, prometheus)
-    wait_for(kind.gpus_advertised, 180, "the device plugin's nvidia.com/gpu on every worker")
+    poll(kind.gpus_advertised, 180, "the device plugin's nvidia.com/gpu on every worker")
     done("Prometheus; nvidia.com/gpu advertised")
 
 
