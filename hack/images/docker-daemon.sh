@@ -18,7 +18,10 @@ if ! command -v dockerd >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
 fi
 echo "starting dockerd (log: $EBBFLOW_CACHE/dockerd.log)"
-nohup dockerd >"$EBBFLOW_CACHE/dockerd.log" 2>&1 &
+# In a session of its own: CI stops its background steps by process group (hack/ci-test.sh), and a
+# dockerd started by one of them went with it, before the cluster could be deleted; docker then
+# started the cluster's containers again with the next dockerd (108 s to remove at the next run).
+setsid nohup dockerd >"$EBBFLOW_CACHE/dockerd.log" 2>&1 </dev/null &
 for _ in $(seq 1 60); do
   if docker info >/dev/null 2>&1; then
     exit 0
