@@ -22,8 +22,12 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-# The slowest tests of each tier are listed at its end: where the next minutes of CI time are.
+# The slowest tests of each tier are listed at its end: where the next minutes of CI time are. Every
+# test's duration is kept in a JUnit XML file per tier ($EBBFLOW_TEST_RESULTS, default beside the
+# timings) for the budget's bookkeeping.
 PYTEST=(.venv/bin/python -m pytest --durations=15)
+results=${EBBFLOW_TEST_RESULTS:-${TMPDIR:-/tmp}/ebbflow-ci-results}
+mkdir -p "$results"
 timings=${EBBFLOW_TIMINGS:-/dev/null}
 prepare_log=$(mktemp "${TMPDIR:-/tmp}/ci-prepare-e2e.XXXXXX")
 tiers_log=$(mktemp "${TMPDIR:-/tmp}/ci-trainer-integration.XXXXXX")
@@ -41,7 +45,7 @@ started=$SECONDS
 status=0
 make --no-print-directory lint typecheck || status=$?
 # Two at a time: 1,788 unit tests took 206 s in one process beside the image builds.
-((status)) || "${PYTEST[@]}" -n 2 -m unit tests || status=$?
+((status)) || "${PYTEST[@]}" -n 2 -m unit --junitxml="$results/unit.xml" tests || status=$?
 touch "$unit_done"
 echo "lint, typecheck and unit tier: $((SECONDS - started)) s" >>"$timings"
 if ((status)); then exit "$status"; fi
@@ -51,7 +55,8 @@ if ((status)); then exit "$status"; fi
 # run side by side). Its output is printed once it ends, whole (not interleaved with the e2e tier's).
 run_tiers() {
   local start=$SECONDS status=0
-  "${PYTEST[@]}" -n 2 --dist worksteal -m "trainer or integration" tests >"$tiers_log" 2>&1 || status=$?
+  "${PYTEST[@]}" -n 2 --dist worksteal -m "trainer or integration" --junitxml="$results/trainer-integration.xml" \
+    tests >"$tiers_log" 2>&1 || status=$?
   echo "trainer and integration tiers: $((SECONDS - start)) s" >>"$timings"
   return "$status"
 }
@@ -70,7 +75,7 @@ e2e_status=$prepared
 if ((prepared == 0)); then
   # The preparation set the cluster up from this commit: the e2e fixture does not check it again.
   e2e_started=$SECONDS
-  EBBFLOW_E2E_PREPARED=1 "${PYTEST[@]}" e2e || e2e_status=$?
+  EBBFLOW_E2E_PREPARED=1 "${PYTEST[@]}" --junitxml="$results/e2e.xml" e2e || e2e_status=$?
   echo "e2e tier: $((SECONDS - e2e_started)) s" >>"$timings"
 fi
 

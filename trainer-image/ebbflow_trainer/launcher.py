@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ebbflow_api import contract
 
+from ebbflow_trainer import warm_forkserver
 from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.termination import write_termination_message
 
@@ -75,9 +76,11 @@ def _prepare_process(config: TrainerConfig) -> None:
     # nodes x N, without an extra store round-trip. Pods with different N would get wrong ranks.
     os.environ["TORCH_ELASTIC_WORKER_IDENTICAL"] = "1"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # Workers are forked from a forkserver that has already imported torch and the script.
+    # Workers are forked from a forkserver that has already imported torch and the script; the
+    # forkserver itself is forked from this process, which imported torch already (warm_forkserver).
     os.environ[ENV_PRELOAD_SCRIPT] = config.spec
     multiprocessing.get_context("forkserver").set_forkserver_preload(["ebbflow_trainer.preload"])
+    warm_forkserver.start()
 
 
 def run(config: TrainerConfig) -> int:
