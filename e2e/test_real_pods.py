@@ -1,6 +1,7 @@
-"""The operator and the trainer together on real pods: a job trains to the end on real containers
-across the kind workers (time-sliced fake GPUs); a worker deleted mid-run leaves through SIGTERM at
-a step boundary and no step is lost; workers time-slicing one physical device train side by side."""
+"""The operator and the trainer together on real pods: a worker deleted mid-run leaves through SIGTERM
+at a step boundary and no step is lost; workers time-slicing one physical device train side by side
+and the job ends Succeeded, its rendezvous pod removed (jobs across the kind workers train to the end
+in test_scenarios.py)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,6 @@ from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, WORKERS, Kind, poll
 
 from . import jobs
 from .jobs import JOB_DEADLINE_S
-
-
-def test_a_job_trains_to_the_end_on_real_pods(kind: Kind, namespace: str, operator: str) -> None:
-    # At least two workers: with one, a worker whose store was reachable first could rightly train the
-    # 60 steps alone (about a second) before the others' first round; one loaded run did just that.
-    jobs.apply(kind, jobs.digits_job("digits", 2, 3, steps=60, vnode_seconds=0.0))
-    jobs.wait_phase(kind, "digits", "Succeeded")
-    pods = jobs.worker_pods(kind, "digits")
-    assert pods and all(p["status"]["phase"] == "Succeeded" for p in pods), jobs.describe(kind)
-    assert {p["spec"]["nodeName"] for p in pods} <= set(WORKERS)
-    assert jobs.exit_codes(pods) == [0] * len(pods)
-    worlds = [r.world_size for p in pods for r in jobs.resumptions(kind, p["metadata"]["name"])]
-    assert worlds and max(worlds) >= 2, "no worker trained in a world of several pods"
-    # cleanPodPolicy Running: the finished job's rendezvous pod is gone, its workers stay for their logs.
-    assert not kind.json("-n", namespace, "get", "pods", "-l", "ebbflow.dev/role=rendezvous")["items"]
 
 
 def test_a_deleted_worker_leaves_by_sigterm_and_no_step_is_lost(
@@ -66,5 +52,10 @@ def test_workers_sharing_one_physical_device_both_train(kind: Kind, namespace: s
     assert shared, f"no two workers share a physical device: {devices}"
     jobs.wait_phase(kind, "shared", "Succeeded")
     pods = jobs.worker_pods(kind, "shared")
+    assert pods and all(p["status"]["phase"] == "Succeeded" for p in pods), jobs.describe(kind)
     assert {p["spec"]["nodeName"] for p in pods} == {WORKERS[0]}
     assert jobs.exit_codes(pods) == [0, 0, 0], jobs.describe(kind)
+    worlds = [r.world_size for p in pods for r in jobs.resumptions(kind, p["metadata"]["name"])]
+    assert worlds and max(worlds) == 3, "the workers never trained in one world of three"
+    # cleanPodPolicy Running: the finished job's rendezvous pod is gone, its workers stay for their logs.
+    assert not kind.json("-n", namespace, "get", "pods", "-l", "ebbflow.dev/role=rendezvous")["items"]

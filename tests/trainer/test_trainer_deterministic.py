@@ -1,7 +1,9 @@
 """Trainer tier: deterministic mode's exact sums give the same bits for every world size, with real
-processes and gloo: V=12 virtual nodes dealt to 1, 2, 3, 4 or 6 workers, B=48 on the digits example.
-(Uneven assignments are covered in the unit tier, tests/unit/trainer/test_trainer_engine.py; the row
-table, which small models use by default, by the V=4 scenarios of test_trainer_elastic.py.)"""
+processes and gloo: V=12 virtual nodes dealt to 1, 3 or 4 workers, B=48 on the digits example.
+(Every assignment of 12 virtual nodes to 2, 3, 4 and 6 workers, even and uneven, is covered in the
+unit tier, tests/unit/trainer/test_trainer_engine.py; here the exact sums cross real gloo
+all-reduces, odd and even worlds. The row table, which small models use by default, is covered by
+the V=4 scenarios of test_trainer_elastic.py.)"""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ def one_worker_v12(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return _train(tmp_path_factory.mktemp("v12-reference"), 1)
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4, 6])
+@pytest.mark.parametrize("world_size", [3, 4])
 def test_twelve_virtual_nodes_give_the_same_bits_on_any_number_of_workers(
     tmp_path: Path, one_worker_v12: dict[str, Any], world_size: int
 ) -> None:

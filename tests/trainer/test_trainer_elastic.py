@@ -1,7 +1,9 @@
 """Trainer tier: real launchers, elastic agents, workers and a rendezvous process, gloo on CPU.
 
 Every scenario trains the digits example with V=4, B=32 for 200 steps and, where mathematics must
-not change, compares the final parameters with a calm one-worker run (``calm_reference``).
+not change, compares the final parameters with a calm one-worker run (``calm_reference``). Static
+worlds giving the calm bits are in test_trainer_global_batch.py, test_trainer_multiproc.py and
+test_trainer_deterministic.py.
 """
 
 from __future__ import annotations
@@ -49,20 +51,8 @@ def _wait_for_world(job: Job, node: Node, size: int, min_step: int) -> dict[str,
         raise TimeoutError(f"{error}\n{job.diagnose()}") from None
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_deterministic_mode_is_bitwise_identical_for_every_world_size(
-    tmp_path: Path, calm_reference: dict[str, Any], world_size: int
-) -> None:
-    with running_job(tmp_path, min_replicas=world_size, max_replicas=world_size) as job:
-        nodes = [job.start_node() for _ in range(world_size)]
-        assert job.wait_all(nodes, 300) == [0] * world_size, job.logs()
-        assert set(job.world_sizes_by_step().values()) == {world_size}
-        final = job.final_checkpoint()
-    assert final["step"] == calm_reference["step"] == 200
-    assert_bitwise_equal(final, calm_reference)
-
-
-@pytest.mark.parametrize("world_size", [2, 4])
+# World 2 (two virtual nodes each); the SIGKILL scenario's fast case runs worlds of three and two.
+@pytest.mark.parametrize("world_size", [2])
 def test_fast_mode_matches_within_float_tolerance(
     tmp_path: Path, calm_reference: dict[str, Any], world_size: int
 ) -> None:
@@ -85,8 +75,10 @@ def _assert_close(final: dict[str, Any], reference_state: dict[str, Any]) -> Non
 @pytest.mark.parametrize(
     ("victim_rank", "mode"),
     [
+        # Rank 0 (the process group's and the checkpoint's writer) in deterministic mode; another
+        # rank in fast mode, its buckets in flight (a non-zero rank's death in deterministic mode
+        # is in tests/trainer/test_trainer_features.py).
         pytest.param(0, "deterministic", id="rank-0"),
-        pytest.param(2, "deterministic", id="rank-2"),
         pytest.param(2, "fast", id="rank-2-fast-buckets-in-flight"),
     ],
 )

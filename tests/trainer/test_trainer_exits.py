@@ -96,10 +96,9 @@ def test_the_launcher_leaves_no_thread_running_when_it_returns(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("world_size", "mode", "batching"),
     [
+        # The skip is agreed through one all-reduced flag, the same code at any world size; every
+        # virtual node of the corrupt step is poisoned, so the batching cannot change who sees it.
         pytest.param(2, "deterministic", "static", id="deterministic-static-2"),
-        pytest.param(4, "deterministic", "static", id="deterministic-static-4"),
-        pytest.param(2, "deterministic", "dynamic", id="deterministic-dynamic-2"),
-        pytest.param(2, "fast", "static", id="fast-static-2"),
         pytest.param(2, "fast", "dynamic", id="fast-dynamic-2"),
     ],
 )

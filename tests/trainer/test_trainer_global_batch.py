@@ -105,7 +105,9 @@ def test_without_a_largest_batch_the_file_changes_nothing(
     tmp_path: Path, calm_reference: dict[str, Any]
 ) -> None:
     """The operator may project the annotation into every pod: without spec.maxGlobalBatchSize the
-    trainer never reads it, and the run is bitwise the calm one (V=4, B=32, 200 steps)."""
+    trainer never reads it, and the run is bitwise the calm one (V=4, B=32, 200 steps). A static
+    world of two giving the calm one-worker bits is also deterministic mode's promise in its plainest
+    form (larger worlds: tests/trainer/test_trainer_deterministic.py, test_trainer_multiproc.py)."""
     batch_file = tmp_path / "global-batch-size"
     _write(batch_file, str(MAX))
     with running_job(tmp_path, min_replicas=2, max_replicas=2) as job:
@@ -114,7 +116,9 @@ def test_without_a_largest_batch_the_file_changes_nothing(
         assert job.wait_all(nodes, 300) == [0, 0], job.logs()
         assert not any(n.events("batch") for n in nodes)
         assert _assert_samples_add_up(job, nodes, 200) == 200 * B
+        assert set(job.world_sizes_by_step().values()) == {2}
         final = job.final_checkpoint()
+    assert final["step"] == calm_reference["step"] == 200
     assert_bitwise_equal(final, calm_reference)
 
 

@@ -85,5 +85,5 @@ def test_band_limited_digits_cnn_reaches_its_target_accuracy() -> None:
         spec, trainer_config(spec="digits_cnn", virtual_nodes=4, global_batch_size=128)
     )
     assert engine.evaluation.run(0)["accuracy"] < 0.5, "random weights"
-    _train(engine, 150)
-    assert engine.evaluation.run(150)["accuracy"] >= import_script(script).TARGET_ACCURACY
+    _train(engine, 100)
+    assert engine.evaluation.run(100)["accuracy"] >= import_script(script).TARGET_ACCURACY
