@@ -1,14 +1,18 @@
-"""The Grafana dashboard shown to work without Grafana: while a job trains through a rescale, every
-PromQL expression of every panel returns data from a real Prometheus that scrapes the operator and
-the trainers as the chart's ServiceMonitor and PodMonitor do (hack/prometheus)."""
+"""A job on three real pods loses a worker to `kubectl delete pod`: the survivors re-form from memory at
+a step boundary and no step is lost, and the Grafana dashboard, shown to work without Grafana, has
+data for every PromQL expression of every panel from a real Prometheus that scrapes the operator and
+the trainers as the chart's ServiceMonitor and PodMonitor do (hack/prometheus), across the rescale.
+One job serves both: the pod deletion is the rescale the dashboard shows."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 from ebbflow_api.waiting import wait_for
+from ebbflow_operator.devcluster import trainer_logs
 from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, REPO, Kind, poll
 
 from . import jobs
@@ -35,24 +39,54 @@ def _with_variables(expression: str) -> str:
     return expression
 
 
+@dataclass(frozen=True)
+class Rescale:
+    """What the survivors of a deleted worker logged when they first trained again."""
+
+    victim: str
+    resumed: list[trainer_logs.Resumption]
+
+
 @pytest.fixture(scope="module")
-def rescaled_job(kind: Kind) -> Iterator[str]:
-    """A job training on three workers that lost one (a rescale, a pause) and is still running. It goes
-    whether or not it got there: left running, it held three GPUs through the next module's tests."""
+def rescaled_job(kind: Kind) -> Iterator[Rescale]:
+    """A job training on three workers that lost one, not rank 0, to a pod deletion (SIGTERM, its
+    grace period: a rescale, a pause) and is still running. It goes whether or not it got there: left
+    running, it held three GPUs through the next module's tests."""
     jobs.apply(kind, jobs.digits_job(JOB, 1, 3, steps=4000, vnode_seconds=0.03))
     try:
         poll(lambda: jobs.all_training_together(kind, JOB, 3), JOB_DEADLINE_S, "three workers training")
-        victim = sorted(jobs.running_workers(kind, JOB))[-1]
+        latest = {pod: jobs.resumptions(kind, pod)[-1] for pod in jobs.running_workers(kind, JOB)}
+        trio = max(r.generation for r in latest.values())  # the world of three
+        victim = next(pod for pod, r in latest.items() if r.rank != 0)
+        survivors = [pod for pod in latest if pod != victim]
         kind.kubectl("-n", E2E_NAMESPACE, "delete", "pod", victim, timeout=120)
+
+        def after_deletion() -> list[trainer_logs.Resumption]:
+            found = [r for pod in survivors for r in jobs.resumptions(kind, pod)]
+            return [r for r in found if r.generation > trio]
+
+        poll(lambda: bool(after_deletion()), JOB_DEADLINE_S, "the survivors to train in a new world")
+        first = min(r.generation for r in after_deletion())
+        resumed = [r for r in after_deletion() if r.generation == first]
         poll(lambda: jobs.all_training_together(kind, JOB, 3), JOB_DEADLINE_S, "three again after a rescale")
-        yield JOB
+        yield Rescale(victim, resumed)
     finally:
         kind.kubectl("-n", E2E_NAMESPACE, "delete", "elastictrainingjob", JOB, "--wait=true", timeout=300)
 
 
+def test_a_deleted_worker_leaves_by_sigterm_and_no_step_is_lost(rescaled_job: Rescale) -> None:
+    resumed = rescaled_job.resumed
+    # The survivors' first world: two of them, or three when the replacement joined that round.
+    assert {r.world_size for r in resumed} <= {2, 3}, resumed
+    sources = {r.source for r in resumed}
+    assert sources <= {"memory", "peer"} and "memory" in sources, resumed
+    lost = [r.steps_lost for r in resumed if r.rank == 0]
+    assert lost == [0], f"rank 0 of the new world reports lost steps: {resumed}"
+
+
 @pytest.mark.parametrize(("panel", "expression"), _expressions(), ids=[i for i, _ in _expressions()])
 def test_every_panel_expression_returns_data(
-    kind: Kind, rescaled_job: str, panel: str, expression: str
+    kind: Kind, rescaled_job: Rescale, panel: str, expression: str
 ) -> None:
     query = _with_variables(expression)
     assert "$" not in query, f"panel {panel}: a variable the test does not set: {query}"

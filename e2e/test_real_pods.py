@@ -1,7 +1,6 @@
-"""The operator and the trainer together on real pods: a worker deleted mid-run leaves through SIGTERM
-at a step boundary and no step is lost; workers time-slicing one physical device train side by side
-and the job ends Succeeded, its rendezvous pod removed (jobs across the kind workers train to the end
-in test_scenarios.py)."""
+"""The operator and the trainer together on real pods: workers time-slicing one physical device train
+side by side and the job ends Succeeded, its rendezvous pod removed (jobs across the kind workers
+train to the end in test_scenarios.py; a deleted worker's SIGTERM leave is in test_dashboard.py)."""
 
 from __future__ import annotations
 
@@ -9,31 +8,6 @@ from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, WORKERS, Kind, poll
 
 from . import jobs
 from .jobs import JOB_DEADLINE_S
-
-
-def test_a_deleted_worker_leaves_by_sigterm_and_no_step_is_lost(
-    kind: Kind, namespace: str, operator: str
-) -> None:
-    jobs.apply(kind, jobs.digits_job("leave", 1, 3, steps=800, vnode_seconds=0.05))
-    poll(lambda: jobs.all_training_together(kind, "leave", 3), JOB_DEADLINE_S, "three workers training")
-    latest = {pod: jobs.resumptions(kind, pod)[-1] for pod in jobs.running_workers(kind, "leave")}
-    trio = max(r.generation for r in latest.values())  # the world of three
-    victim = next(pod for pod, r in latest.items() if r.rank != 0)
-    survivors = [pod for pod in latest if pod != victim]
-    kind.kubectl("-n", E2E_NAMESPACE, "delete", "pod", victim, timeout=120)  # default grace: SIGTERM first
-
-    def after_deletion() -> list[jobs.trainer_logs.Resumption]:
-        found = [r for pod in survivors for r in jobs.resumptions(kind, pod)]
-        return [r for r in found if r.generation > trio and r.world_size == 2]
-
-    poll(lambda: bool(after_deletion()), JOB_DEADLINE_S, "the survivors to re-form a world of two")
-    resumed = after_deletion()
-    first = min(r.generation for r in resumed)
-    sources = {r.source for r in resumed if r.generation == first}
-    assert sources <= {"memory", "peer"} and "memory" in sources, resumed
-    lost = [r.steps_lost for r in resumed if r.generation == first and r.rank == 0]
-    assert lost == [0], f"rank 0 of the new world reports lost steps: {resumed}"
-    jobs.wait_phase(kind, "leave", "Succeeded")
 
 
 def _visible_devices(kind: Kind, pod: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +31,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def calm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A calm one-worker run (V=4, B=32, 200 steps, deterministic): its final state and progress report.
+    """A calm one-worker run (V=4, B=32, 200 steps, deterministic): its final state, progress report
+    and launcher log.
 
     Deterministic mode makes the result independent of the world size, so this one run is the
-    reference for every scenario that changes the world along the way.
+    reference for every scenario that changes the world along the way. Its launcher is
+    ``launcher_probe.py`` (``ebbflow-train``, then the threads still alive when it returned).
     """
     root: Path = tmp_path_factory.mktemp("reference")
-    with running_job(root, min_replicas=1, max_replicas=1) as job:
+    probe = (sys.executable, str(HERE / "launcher_probe.py"))
+    with running_job(root, min_replicas=1, max_replicas=1, launcher=probe) as job:
         node = job.start_node()
         assert job.wait_all([node], 300) == [0], job.logs()
         progress = json.loads((job.checkpoint_dir / "progress.json").read_text())
-        return {"final": job.final_checkpoint(), "progress": progress}
+        log = node.log.read_text(errors="replace")
+        return {"final": job.final_checkpoint(), "progress": progress, "log": log}
 
 
 @pytest.fixture(scope="session")
