@@ -81,8 +81,8 @@ finish() {
 }
 
 # The cluster comes up while the trainer and integration tiers run, which mostly wait (on sleeps,
-# rendezvous rounds, the API server): about 13 min here, 6 of them the 4.5 GB trainer image going
-# into three workers (hack/kind/load-image.sh; it was 14-17 min through `docker exec` streams). A
+# rendezvous rounds, the API server): about 11 min here, the 1.4 GB CPU trainer image going into
+# three workers beside Cilium's start (hack/kind/load-image.sh; docs/images.md for its size). A
 # cluster already on the machine (a demo's, a bench's, one brought back by a Docker restart) is not
 # this commit's: it may lack NetworkPolicy enforcement from its start, hold a node taken away and
 # returned, or have moved its addresses; one such cluster was reused in 7 s and its workers never

@@ -6,9 +6,9 @@
 # tests/unit/test_fake_gpu_plugin.py). Each removal is printed on stdout with its size.
 # Exits 1 with what to do when even that is not enough.
 #
-# Why: loading the 4.5 GB CPU trainer image into three kind nodes needs about 14 GB on top of the
-# images, tools and caches a first `make demo` builds; a machine with under 50 GB free ran out of
-# disk there. Everything removed is rebuilt or refilled on demand (tools and images stay cached).
+# Why: loading the CPU trainer image into three kind nodes needs about 5 GB (14 GB when it weighed
+# 4.5 GB) on top of the images, tools and caches a first `make demo` builds; a machine with under
+# 50 GB free ran out of disk there. Everything removed is rebuilt or refilled on demand (tools and images stay cached).
 #
 # Usage: hack/free-build-caches.sh NEEDED_MB WHAT
 set -euo pipefail
