@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # CI only (hack/ci-test.sh): builds everything the e2e tier needs before any kind cluster exists,
-# frees Go's build and module caches and the wheelhouse, then sets the e2e cluster up.
+# frees Go's build and module caches (the wheelhouse too when the disk is short), then sets the e2e cluster up.
 #
 #   ci-prepare-e2e.sh build    the kind node, device plugin, Prometheus and Cilium images, and the CPU
 #                              trainer image when the disk has room for it now; runs while the test
 #                              tiers run (the unit tier's `go test` needs Go's caches: nothing here
 #                              removes them)
 #   ci-prepare-e2e.sh finish   once the unit tier is done: Go's caches removed, the trainer image (if
-#                              `build` left it), the wheelhouse removed
+#                              `build` left it), the wheelhouse removed when the disk is short
 #   ci-prepare-e2e.sh cluster  after `finish`: the e2e tier's kind cluster from this commit (one left
 #                              on the machine is removed first), set up as the e2e fixture does it
 #                              (Cilium, the images in the nodes, device plugin, chart, Prometheus)
@@ -29,6 +29,9 @@ cd "$ROOT"
 # Free disk (GB) under which `build` leaves the trainer image to `finish`: its build needs about 10 GB
 # transient plus the 4.6 GB image, beside Go's caches.
 TRAINER_BUILD_NEEDS_GB=${TRAINER_BUILD_NEEDS_GB:-25}
+# Free disk (GB) under which `finish` removes the wheelhouse: the e2e cluster then needs about 10 GB
+# (three workers holding the 1.4 GB trainer image, their own writes) and the tiers a few more.
+WHEELHOUSE_KEEP_GB=${WHEELHOUSE_KEEP_GB:-20}
 
 # Each step's duration also goes to $EBBFLOW_TIMINGS when set (.ci/run prints that file at the end).
 last=""
@@ -75,8 +78,12 @@ finish() {
   go clean -cache -modcache || say "could not remove all of Go's caches (a go command still uses them); going on"
   say "operator and CPU trainer images (cached when already built)"
   trainer_images
-  say "images built: removing the wheelhouse they were installed from"
-  rm -rf "${EBBFLOW_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ebbflow}/wheelhouse"
+  # The wheelhouse (3 GB) stays for the next run's image builds (a change to api/, operator/ or
+  # trainer-image/ rebuilds an image; refilling it from PyPI took 150 s), unless the disk is short.
+  if (($(free_gb) < WHEELHOUSE_KEEP_GB)); then
+    say "images built: removing the wheelhouse they were installed from ($(free_gb) GB free)"
+    rm -rf "${EBBFLOW_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ebbflow}/wheelhouse"
+  fi
   say "ready for the e2e tier"
 }
 
