@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI only (hack/ci-test.sh): builds everything the e2e tier needs before any kind cluster exists,
-# frees Go's build and module caches (the wheelhouse too when the disk is short), then sets the e2e cluster up.
+# frees Go's build and module caches (the wheelhouse too when the disk is short), then sets the e2e
+# cluster up.
 #
 #   ci-prepare-e2e.sh build    the kind node, device plugin, Prometheus and Cilium images, and the CPU
 #                              trainer image when the disk has room for it now; runs while the test
