@@ -17,7 +17,6 @@ import os
 import subprocess
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -203,11 +202,6 @@ def load_image(image: str, nodes: tuple[str, ...] = ()) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("made room")]
 
 
-def load_images(wanted: list[tuple[str, tuple[str, ...]]]) -> list[str]:
-    """`load_image` of each (image, nodes) in turn; the caches removed to make room for them all."""
-    return [line for image, nodes in wanted for line in load_image(image, nodes)]
-
-
 def record_timing(line: str) -> None:
     """One setup step and its duration, into $EBBFLOW_TIMINGS when set (.ci/run prints that file)."""
     if path := os.environ.get("EBBFLOW_TIMINGS"):
@@ -246,18 +240,13 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_poli
     for namespace in (DEMO_NAMESPACE, E2E_NAMESPACE):
         kind.ensure_namespace(namespace)
     done("kind cluster (hack/kind/up.sh)")
-    # The images go into the nodes, one after another, while Cilium starts (its agents compile their
-    # datapath and wait for the API server; a load is mostly disk): the set-up's two longest steps.
-    wanted = [(TRAINER_IMAGE, WORKERS), (versioned_tag(OPERATOR_IMAGE), WORKERS), (plugin, ())]
-    wanted.append((prometheus, WORKERS))
-    with ThreadPoolExecutor(max_workers=1) as loader:
-        loading = loader.submit(load_images, wanted)
-        if network_policy:
-            run("bash", "hack/cilium/install.sh")
-            done("Cilium, enforcing NetworkPolicy (hack/cilium/install.sh), images loading beside it")
-        for removal in loading.result():
-            say(f"  {removal}")
-    done(f"{TRAINER_IMAGE}, the operator, the device plugin and Prometheus in the nodes")
+    if network_policy:
+        run("bash", "hack/cilium/install.sh")
+        done("Cilium, enforcing NetworkPolicy (hack/cilium/install.sh)")
+    for removal in load_image(TRAINER_IMAGE, WORKERS):
+        say(f"  {removal}")
+    done(f"{TRAINER_IMAGE} in the worker nodes")
+    load_image(plugin)
     manifest = (REPO / "hack" / "fake-gpu-plugin" / "deploy.yaml").read_text()
     kind.kubectl("apply", "-f", "-", input=manifest.replace("ebbflow/fake-gpu-plugin:latest", plugin))
     done("fake GPU device plugin")
