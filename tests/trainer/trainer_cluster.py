@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -29,6 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 DIGITS = str(REPO / "examples" / "digits" / "train.py")
 # The digits example, held while a file exists (tests/trainer/held_digits.py): trains the same bits.
 HELD_DIGITS = str(Path(__file__).resolve().parent / "held_digits.py")
+# The launcher command the zygote (tests/trainer/zygote.py) forks instead of executing.
+EBBFLOW_TRAIN = (sys.executable, "-m", "ebbflow_trainer")
 # What torch elastic's agent logs when it stops its workers, here to admit a waiting node.
 AGENT_STOPS_WORKERS = "via signal SIGTERM"
 # The GPU tier's tests carry `@pytest.mark.gpu` and this: they skip on a machine without CUDA.
@@ -59,7 +62,7 @@ def descendants(pid: int) -> list[int]:
 @dataclass
 class Node:
     name: str
-    process: subprocess.Popen[bytes]
+    process: Process
     state_dir: Path
     journal: Path
     log: Path
@@ -98,6 +101,106 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
+class ZygoteProcess:
+    """A process the zygote forked (tests/trainer/zygote.py), with the part of `subprocess.Popen`'s
+    interface the tier uses. Its exit status comes from the zygote, which reaps it."""
+
+    def __init__(self, zygote: Zygote, pid: int) -> None:
+        self._zygote = zygote
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._zygote.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.poll() is None:
+            code = self._zygote.wait_exit(self.pid, timeout)
+            if code is None:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            self.returncode = code
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, number: int) -> None:
+        if self.poll() is None:
+            with suppress(ProcessLookupError):
+                os.kill(self.pid, number)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+# A trainer process of a test: forked by the zygote, or started as a new process.
+Process = subprocess.Popen[bytes] | ZygoteProcess
+
+
+class Zygote:
+    """This test process's warm parent for `python -m ebbflow_trainer` (started on first use, gone
+    with this process): `start` forks one and returns it."""
+
+    _instance: Zygote | None = None
+
+    def __init__(self) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "tests.trainer.zygote"],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._requests, self._replies = self._process.stdin, self._process.stdout
+        self._lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._pids: list[int] = []
+        self._exits: dict[int, int] = {}
+        ready = json.loads(self._replies.readline() or b"{}")
+        assert "ready" in ready, "the zygote did not start (its imports failed?)"
+        threading.Thread(target=self._read, name="zygote-replies", daemon=True).start()
+
+    @classmethod
+    def shared(cls) -> Zygote:
+        if cls._instance is None or cls._instance._process.poll() is not None:
+            cls._instance = cls()
+        return cls._instance
+
+    def _read(self) -> None:
+        for line in self._replies:
+            reply = json.loads(line)
+            with self._changed:
+                if "pid" in reply:
+                    self._pids.append(reply["pid"])
+                else:
+                    self._exits[reply["exited"]] = reply["code"]
+                self._changed.notify_all()
+
+    def start(self, argv: list[str], env: dict[str, str], log: Path) -> ZygoteProcess:
+        with self._lock:
+            request = {"argv": argv, "env": env, "cwd": os.getcwd(), "log": str(log)}
+            self._requests.write((json.dumps(request) + "\n").encode())
+            self._requests.flush()
+            with self._changed:
+                assert self._changed.wait_for(lambda: self._pids, 60), "the zygote did not fork"
+                return ZygoteProcess(self, self._pids.pop(0))
+
+    def exit_code(self, pid: int) -> int | None:
+        with self._changed:
+            return self._exits.get(pid)
+
+    def wait_exit(self, pid: int, timeout: float | None) -> int | None:
+        with self._changed:
+            self._changed.wait_for(lambda: pid in self._exits, timeout)
+            return self._exits.get(pid)
+
+
 @dataclass
 class Job:
     root: Path
@@ -110,10 +213,11 @@ class Job:
     batching: str = "static"
     extra_args: list[str] = field(default_factory=list)
     script: str = DIGITS
-    # The command before `run`: `ebbflow-train` by default; a test may wrap it to look inside.
-    launcher: tuple[str, ...] = (sys.executable, "-m", "ebbflow_trainer")
+    # The command before `run`: `ebbflow-train` (forked by the zygote) by default; a test may name
+    # another (run as a new process) to look inside.
+    launcher: tuple[str, ...] = EBBFLOW_TRAIN
     nodes: list[Node] = field(default_factory=list)
-    rdzv: subprocess.Popen[bytes] | None = None
+    rdzv: Process | None = None
     port: int = 0
 
     @property
@@ -128,15 +232,9 @@ class Job:
         """Start the store process (``port`` 0: a free port) and wait until it serves."""
         port_file = self.root / "rdzv.port"
         port_file.unlink(missing_ok=True)
-        log = open(self.root / "rdzv.log", "ab")  # noqa: SIM115 - closed with the process
-        command = [sys.executable, "-m", "ebbflow_trainer", "rendezvous", "--host", "127.0.0.1"]
-        command += [contract.RENDEZVOUS_PORT_FLAG, str(port), "--port-file", str(port_file)]
-        self.rdzv = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        arguments = ["rendezvous", "--host", "127.0.0.1"]
+        arguments += [contract.RENDEZVOUS_PORT_FLAG, str(port), "--port-file", str(port_file)]
+        self.rdzv = Zygote.shared().start(arguments, dict(os.environ), self.root / "rdzv.log")
 
         def serving() -> str:
             assert self.rdzv is not None and self.rdzv.poll() is None, f"rendezvous exited:\n{self.logs()}"
@@ -188,14 +286,20 @@ class Job:
         command += ["--mode", self.mode, "--state-dir", str(state_dir), "--journal", str(journal)]
         # A longer last call than the default lets all nodes of a busy machine form the first world together.
         command += ["--last-call-timeout", "3", *self.extra_args, *args]
-        log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
-        process = subprocess.Popen(
-            command,
-            env=env or self.environment(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        process: Process
+        if self.launcher == EBBFLOW_TRAIN:
+            log_path.write_bytes(b"")
+            arguments = command[len(EBBFLOW_TRAIN) :]
+            process = Zygote.shared().start(arguments, env or self.environment(), log_path)
+        else:
+            log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
+            process = subprocess.Popen(
+                command,
+                env=env or self.environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         node = Node(name, process, state_dir, journal, log_path)
         self.nodes.append(node)
         return node
