@@ -4,25 +4,22 @@
 # cluster up.
 #
 #   ci-prepare-e2e.sh build    the kind node, device plugin, Prometheus and Cilium images, and the CPU
-#                              trainer image when the disk has room for it now; runs while the test
-#                              tiers run (the unit tier's `go test` needs Go's caches: nothing here
-#                              removes them)
-#   ci-prepare-e2e.sh finish   once the unit tier is done: Go's caches removed, the trainer image (if
-#                              `build` left it), the wheelhouse removed when the disk is short
+#                              trainer image when the disk has room for it now
+#   ci-prepare-e2e.sh finish   Go's caches removed (the unit tier's `go test` keeps caches of its
+#                              own), the trainer image (if `build` left it), the wheelhouse removed
+#                              when the disk is short
 #   ci-prepare-e2e.sh cluster  after `finish`: the e2e tier's kind cluster from this commit (one left
 #                              on the machine is removed first), set up as the e2e fixture does it
 #                              (Cilium, the images in the nodes, device plugin, chart, Prometheus)
-#   ci-prepare-e2e.sh all FILE build, then finish and cluster once FILE exists (hack/ci-test.sh
-#                              creates it when the unit tier ends): all of it beside the test tiers
+#   ci-prepare-e2e.sh all      build, finish and cluster, beside the test tiers (hack/ci-test.sh)
 #
-# Why: a CI machine's free disk varies (seen from under 50 GB to 80 GB). Left to the e2e fixture,
-# the trainer image is built (about 10 GB transient) while four kind nodes are up, and Go's caches
-# (about 14 GB after the Kubernetes, etcd, Prometheus and device-plugin builds) are still on disk
-# when the 4.6 GB trainer image is unpacked into the third worker: one CI run failed there with
-# "no space left on device". Built first, the peak is bounded by what is on disk at once, not by
-# the cluster. Every step is cached, so the fixture's own calls afterwards take seconds and build
-# nothing; nothing after `finish` runs `go` or installs from the wheelhouse. A developer machine
-# never runs this: it keeps its caches.
+# Why: a CI machine's free disk varies (seen from under 50 GB to 80 GB). Built first, with Go's
+# caches (about 14 GB after the Kubernetes, etcd, Prometheus and device-plugin builds) removed
+# before the cluster starts, the peak is bounded by what is on disk at once, not by the cluster (one
+# run failed with "no space left on device" when the trainer image, then 4.6 GB, was unpacked into
+# the third worker beside Go's caches). Every step is cached, so the fixture's own calls afterwards
+# take seconds and build nothing; nothing after `finish` runs `go` or installs from the wheelhouse.
+# A developer machine never runs this: it keeps its caches.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -104,10 +101,7 @@ cluster() {
 }
 
 all() {
-  local unit_done=${1:?usage: $0 all FILE}
   build
-  echo "[ci-prepare-e2e] waiting for the unit tier (its go test uses Go's caches): $unit_done" >&2
-  until [[ -e $unit_done ]]; do sleep 5; done
   finish
   cluster
 }
@@ -116,6 +110,6 @@ case ${1:-} in
   build) build ;;
   finish) finish ;;
   cluster) cluster ;;
-  all) all "${2:-}" ;;
-  *) echo "usage: $0 build|finish|cluster|all FILE" >&2; exit 2 ;;
+  all) all ;;
+  *) echo "usage: $0 build|finish|cluster|all" >&2; exit 2 ;;
 esac

@@ -1,22 +1,12 @@
 #!/usr/bin/env bash
 # `make test` under CI=true: every tier, e2e included, in the least wall time a 2-core machine allows.
 #
-# Everything the e2e tier needs is prepared in the background while lint, typecheck and the unit
-# tier run (hack/ci-prepare-e2e.sh all): the images (Go builds, Debian packages, pip), then, once
-# the unit tier's `go test` is done with Go's caches, the caches removed and the e2e cluster set up
-# (the trainer image loaded into three nodes: about 10 minutes). The e2e tier does not check that
-# set-up again (EBBFLOW_E2E_PREPARED: 106 s at stop 35). Tried and dropped: setting the cluster up
-# while the unit tier ran (a warm machine had the room). The e2e tier then began 400 s sooner, in
-# the trainer tier's busiest part: at a load average of 25-41 the e2e trainers' rendezvous
-# heartbeats missed their 3 s budget (10 s since) again and again, and the dashboard test's job never trained
-# on three workers within 420 s; the unit tier took 401 s instead of 151. The trainer and integration tiers
-# start with the cluster set-up, and the e2e tier starts as soon as its cluster is ready, beside
-# them: all three mostly wait (on sleeps standing in for device time, rendezvous rounds, signals,
-# the API server and the kubelets). One after the other they took 2,351 s + 2,290 s on the last CI
-# run that ran them so (stop 34), with about one core idle; side by side 4,079 s and 4,185 s for
-# the whole run. Every trainer-tier scenario that needs several launchers in one world holds its
-# training until they have joined (Job.start_held): on two saturated cores a launcher once took
-# 50 s to start, and a short job ended before a newcomer arrived.
+# Three lanes after the virtualenv: (1) lint, typecheck, the unit tier, then the trainer and
+# integration tiers (two tests at a time); (2) everything the e2e tier needs, prepared in the
+# background from the start (hack/ci-prepare-e2e.sh all: the images, then the kind cluster), then
+# the e2e tier, which does not check that set-up again (EBBFLOW_E2E_PREPARED). The tiers mostly wait
+# (sleeps standing in for device time, rendezvous rounds, the API server, the kubelets), so side by
+# side they share the two cores. Why this order, and what each step took: docs/ci.md.
 # Exit status: the first failure's (lint, typecheck, unit, then trainer/integration, then e2e).
 set -uo pipefail
 
@@ -31,22 +21,21 @@ mkdir -p "$results"
 timings=${EBBFLOW_TIMINGS:-/dev/null}
 prepare_log=$(mktemp "${TMPDIR:-/tmp}/ci-prepare-e2e.XXXXXX")
 tiers_log=$(mktemp "${TMPDIR:-/tmp}/ci-trainer-integration.XXXXXX")
-unit_done="$prepare_log.unit-done"
 
 # In their own process groups, so that a failure stops every build and test they started; the
 # cluster the preparation may have made goes too.
-setsid bash hack/ci-prepare-e2e.sh all "$unit_done" >"$prepare_log" 2>&1 &
+test_started=$SECONDS
+setsid bash hack/ci-prepare-e2e.sh all >"$prepare_log" 2>&1 &
 prepare=$!
 tiers=""
 trap 'kill -- -"$prepare" 2>/dev/null; [[ -n $tiers ]] && kill -- -"$tiers" 2>/dev/null;
-  bash hack/kind/down.sh >/dev/null 2>&1; rm -f "$unit_done"' EXIT
+  bash hack/kind/down.sh >/dev/null 2>&1' EXIT
 
 started=$SECONDS
 status=0
 make --no-print-directory lint typecheck || status=$?
 # Two at a time: 1,788 unit tests took 206 s in one process beside the image builds.
 ((status)) || "${PYTEST[@]}" -n 2 -m unit --junitxml="$results/unit.xml" tests || status=$?
-touch "$unit_done"
 echo "lint, typecheck and unit tier: $((SECONDS - started)) s" >>"$timings"
 if ((status)); then exit "$status"; fi
 
@@ -70,7 +59,7 @@ wait "$prepare"
 prepared=$?
 echo "--- e2e preparation (hack/ci-prepare-e2e.sh all: images, cluster), exit $prepared ---"
 cat "$prepare_log"
-echo "e2e preparation after the unit tier: $((SECONDS - started)) s" >>"$timings"
+echo "e2e preparation: $((SECONDS - test_started)) s" >>"$timings"
 e2e_status=$prepared
 if ((prepared == 0)); then
   # The preparation set the cluster up from this commit: the e2e fixture does not check it again.
@@ -84,6 +73,6 @@ tiers_status=$?
 tiers=""
 echo "--- trainer and integration tiers, exit $tiers_status ---"
 cat "$tiers_log"
-echo "trainer, integration and e2e tiers: $((SECONDS - started)) s" >>"$timings"
+echo "trainer, integration and e2e tiers, after the unit tier: $((SECONDS - started)) s" >>"$timings"
 ((tiers_status)) && exit "$tiers_status"
 exit "$e2e_status"
