@@ -2,8 +2,8 @@
 built on this machine (hack/kind), with the fake GPU device plugin advertising time-sliced
 `nvidia.com/gpu`. The operator runs in the cluster, installed by `helm install` from charts/ebbflow.
 
-Session setup (minutes cold, about six warm): the cluster (`hack/kind/up.sh`) with Cilium chained
-after flannel so that NetworkPolicy is enforced (`hack/cilium`), the images
+Session setup (minutes cold, about five warm): the cluster (`hack/kind/up.sh`) with kube-router's
+firewall beside flannel so that NetworkPolicy is enforced (`hack/kube-router`), the images
 (`hack/images/build-images.sh`; the trainer's CPU variant is loaded into the workers), the device
 plugin, the operator's chart. When any of it fails, tests skip on a developer machine but fail under CI=true.
 In CI the set-up ran before the tier (hack/ci-prepare-e2e.sh) and is not checked again.

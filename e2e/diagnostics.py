@@ -1,6 +1,6 @@
 """What the cluster looked like when an e2e test failed, attached to the test's report (conftest's
 `pytest_runtest_makereport`): a CI log then shows why a wait timed out (a pod Pending and the
-scheduler's reason, a worker crash-looping and its last lines, a Cilium agent not ready) instead of
+scheduler's reason, a worker crash-looping and its last lines, a kube-router pod not ready) instead of
 only that it did. Best effort: a command that fails adds its error, never raises."""
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ def _section(kind: Kind, title: str, *args: str) -> str:
 
 def cluster_state(kind: Kind) -> str:
     """Nodes, every pod, the e2e namespace's jobs and latest events, the last lines of each of its
-    pods' logs (previous container too, when one restarted), of the operator's and Cilium's, and
-    each Cilium agent's endpoints and drops."""
+    pods' logs (previous container too, when one restarted), of the operator's and kube-router's,
+    and each kube-router pod's rules for the e2e namespace's pods."""
     parts = [
         _section(kind, "nodes", "get", "nodes", "-o", "wide"),
         _section(kind, "pods", "get", "pods", "-A", "-o", "wide"),
@@ -51,24 +51,31 @@ def cluster_state(kind: Kind) -> str:
     selector = "app.kubernetes.io/component=operator"
     operator_log = ("-n", RELEASE_NAMESPACE, "logs", "-l", selector, "--prefix", f"--tail={LOG_LINES * 2}")
     parts.append(_section(kind, "operator", *operator_log))
-    # The NetworkPolicy enforcer: its drops and regenerations when a job's own traffic is refused.
-    cilium_log = ("-n", "kube-system", "logs", "-l", "k8s-app=cilium", "--prefix", f"--tail={LOG_LINES}")
-    parts.append(_section(kind, "Cilium agents", *cilium_log))
-    parts.extend(_cilium_state(kind))
+    # The NetworkPolicy enforcer: its syncs and errors when a job's own traffic is refused.
+    enforcer_log = (
+        "-n",
+        "kube-system",
+        "logs",
+        "-l",
+        "k8s-app=kube-router",
+        "--prefix",
+        f"--tail={LOG_LINES}",
+    )
+    parts.append(_section(kind, "kube-router", *enforcer_log))
+    parts.extend(_policy_rules(kind))
     return "\n".join(parts)
 
 
-def _cilium_state(kind: Kind) -> list[str]:
-    """Per agent, its endpoints (identity, policy enforcement, state) and drop counters by reason:
-    whether a job's pod that cannot reach its store is dropped by policy, and on which node."""
+def _policy_rules(kind: Kind) -> list[str]:
+    """Per node, the filter rules kube-router wrote for its pods, with their packet counts: whether
+    a job's pod that cannot reach its store is refused by policy, and on which node."""
     try:
-        agents = kind.json("-n", "kube-system", "get", "pods", "-l", "k8s-app=cilium")["items"]
+        enforcers = kind.json("-n", "kube-system", "get", "pods", "-l", "k8s-app=kube-router")["items"]
     except KindError as error:
-        return [f"--- Cilium agents unreadable: {error}\n"]
+        return [f"--- kube-router pods unreadable: {error}\n"]
     parts = []
-    for agent in agents:
-        name, node = agent["metadata"]["name"], agent["spec"].get("nodeName", "?")
-        for what in (("endpoint", "list"), ("metrics", "list", "-p", "drop")):
-            command = ("-n", "kube-system", "exec", name, "-c", "cilium-agent", "--", "cilium-dbg", *what)
-            parts.append(_section(kind, f"Cilium on {node}, {' '.join(what)}", *command))
+    for enforcer in enforcers:
+        name, node = enforcer["metadata"]["name"], enforcer["spec"].get("nodeName", "?")
+        command = ("-n", "kube-system", "exec", name, "--", "iptables-save", "-c", "-t", "filter")
+        parts.append(_section(kind, f"kube-router's rules on {node}", *command))
     return parts

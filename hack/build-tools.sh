@@ -23,8 +23,8 @@ CRICTL_VERSION=v1.36.0
 LOCAL_PATH_VERSION=v0.0.30
 # Prometheus 3.16.0 (Go module version v0.316.0) for hack/prometheus/: not part of the default set.
 PROMETHEUS_VERSION=$(awk '$1 == "github.com/prometheus/prometheus" {print $2; exit}' "$ROOT/hack/prometheus/tools/go.mod")
-# Cilium's agent and CNI plugin for hack/cilium/ (NetworkPolicy in the kind cluster): not in the default set.
-CILIUM_VERSION=$(awk '$1 == "require" && $2 == "github.com/cilium/cilium" {print $3}' "$ROOT/hack/cilium/tools/go.mod")
+# kube-router's NetworkPolicy controller for hack/kube-router/ (NetworkPolicy in the kind cluster): not in the default set.
+KUBE_ROUTER_VERSION=$(awk '$1 == "require" && $2 == "github.com/cloudnativelabs/kube-router/v2" {print $3}' "$ROOT/hack/kube-router/tools/go.mod")
 # Kubeflow's training-operator for hack/kubeflow/ (the PyTorchJob baseline of the benchmark): not in the default set.
 TRAINING_OPERATOR_VERSION=$(awk '$1 == "require" && $2 == "github.com/kubeflow/training-operator" {print $3}' "$ROOT/hack/kubeflow/tools/go.mod")
 
@@ -174,27 +174,20 @@ build_prometheus() {
   cp -f "$dir/promtool" "$TOOLS_BIN/promtool.tmp" && mv -f "$TOOLS_BIN/promtool.tmp" "$TOOLS_BIN/promtool"
 }
 
-# build_cilium: the agent, cilium-dbg (the DaemonSet's config step), the CNI plugin and the two host
-# helpers its init containers copy in, in the wrapper module hack/cilium/tools (its go.mod says why).
-# Also the module's source directory (the agent compiles its BPF programs from bpf/ at run time; the
-# chart and CRDs come from there too): printed by `build-tools.sh cilium-source`.
-build_cilium() {
-  local dir=$TOOLS_CACHE/cilium-agent-$CILIUM_VERSION
-  local m=github.com/cilium/cilium work
-  if ! cached cilium-agent "$CILIUM_VERSION" || [[ ! -x $dir/cilium-sysctlfix ]]; then
-    echo "building cilium $CILIUM_VERSION (first time on this machine: about ten minutes)"
+# build_kube_router: kube-router (its NetworkPolicy controller is all hack/kube-router runs), in the
+# wrapper module hack/kube-router/tools.
+build_kube_router() {
+  local dir=$TOOLS_CACHE/kube-router-$KUBE_ROUTER_VERSION
+  if ! cached kube-router "$KUBE_ROUTER_VERSION"; then
+    echo "building kube-router $KUBE_ROUTER_VERSION (first time on this machine: a few minutes)"
     mkdir -p "$dir"
-    work=$(mktemp -d)
-    (cd "$ROOT/hack/cilium/tools" && go build -trimpath -ldflags "-s -w" -o "$work/" \
-      "$m/daemon" "$m/cilium-dbg" "$m/plugins/cilium-cni" "$m/tools/mount" "$m/tools/sysctlfix")
-    mv -f "$work/cilium-dbg" "$dir/cilium-dbg"
-    mv -f "$work/cilium-cni" "$dir/cilium-cni"
-    mv -f "$work/mount" "$dir/cilium-mount"
-    mv -f "$work/sysctlfix" "$dir/cilium-sysctlfix"
-    mv -f "$work/daemon" "$dir/cilium-agent"
-    rm -rf "$work"
+    local pkg=github.com/cloudnativelabs/kube-router/v2/pkg/version
+    (cd "$ROOT/hack/kube-router/tools" &&
+      go build -trimpath -ldflags "-s -w -X $pkg.Version=$KUBE_ROUTER_VERSION -X $pkg.BuildDate=1970-01-01T00:00:00Z" \
+        -o "$dir/kube-router.tmp" github.com/cloudnativelabs/kube-router/v2/cmd/kube-router)
+    mv -f "$dir/kube-router.tmp" "$dir/kube-router"
   fi
-  echo "  cilium $CILIUM_VERSION (in $dir)"
+  echo "  kube-router $KUBE_ROUTER_VERSION (in $dir)"
 }
 
 # build_training_operator: the manager of Kubeflow's training-operator (cmd/training-operator.v1), in the
@@ -229,12 +222,11 @@ for tool in $want; do
     local-path-provisioner) build_module local-path-provisioner github.com/rancher/local-path-provisioner "$LOCAL_PATH_VERSION" ;;
     # Prometheus and promtool for hack/prometheus/ (e2e tier, demo); not in the default set.
     prometheus) build_prometheus ;;
-    # Cilium for hack/cilium/ (NetworkPolicy enforcement in the kind cluster); not in the default set.
-    cilium) build_cilium ;;
-    cilium-source) (cd "$ROOT/hack/cilium/tools" && go mod download -json github.com/cilium/cilium | awk -F'"' '$2 == "Dir" {print $4}') ;;
+    # kube-router for hack/kube-router/ (NetworkPolicy enforcement in the kind cluster); not in the default set.
+    kube-router) build_kube_router ;;
     # Kubeflow's training-operator for hack/kubeflow/ (benchmark baseline); not in the default set.
     training-operator) build_training_operator ;;
     training-operator-source) (cd "$ROOT/hack/kubeflow/tools" && go mod download -json github.com/kubeflow/training-operator | awk -F'"' '$2 == "Dir" {print $4}') ;;
-    *) echo "unknown tool '$tool' (known: kubernetes etcd kwok helm kind; for kind nodes: kubernetes-node coredns flannel crictl cni-plugins local-path-provisioner; other: prometheus cilium cilium-source training-operator training-operator-source)" >&2; exit 2 ;;
+    *) echo "unknown tool '$tool' (known: kubernetes etcd kwok helm kind; for kind nodes: kubernetes-node coredns flannel crictl cni-plugins local-path-provisioner; other: prometheus kube-router training-operator training-operator-source)" >&2; exit 2 ;;
   esac
 done

@@ -3,14 +3,14 @@
 # frees Go's build and module caches (the wheelhouse too when the disk is short), then sets the e2e
 # cluster up.
 #
-#   ci-prepare-e2e.sh build    the kind node, device plugin, Prometheus and Cilium images, and the CPU
+#   ci-prepare-e2e.sh build    the kind node, device plugin, Prometheus and kube-router images, and the CPU
 #                              trainer image when the disk has room for it now
 #   ci-prepare-e2e.sh finish   Go's caches removed (the unit tier's `go test` keeps caches of its
 #                              own), the trainer image (if `build` left it), the wheelhouse removed
 #                              when the disk is short
 #   ci-prepare-e2e.sh cluster  after `finish`: the e2e tier's kind cluster from this commit (one left
 #                              on the machine is removed first), set up as the e2e fixture does it
-#                              (Cilium, the images in the nodes, device plugin, chart, Prometheus)
+#                              (kube-router, the images in the nodes, device plugin, chart, Prometheus)
 #   ci-prepare-e2e.sh all      build, finish and cluster, beside the test tiers (hack/ci-test.sh)
 #
 # Why: a CI machine's free disk varies (seen from under 50 GB to 80 GB). Built first, with Go's
@@ -56,9 +56,8 @@ build() {
   say "Prometheus image"
   bash hack/build-tools.sh prometheus
   bash hack/prometheus/build-image.sh >/dev/null
-  say "Cilium agent image (NetworkPolicy enforcement)"
-  bash hack/cilium/build-image.sh >/dev/null
-  # (hack/cilium/install.sh fetches the Cilium module again, 38 MB, for its chart and CRDs.)
+  say "kube-router image (NetworkPolicy enforcement)"
+  bash hack/kube-router/build-image.sh >/dev/null
   if (($(free_gb) >= TRAINER_BUILD_NEEDS_GB)); then
     say "operator and CPU trainer images"
     trainer_images
@@ -86,8 +85,8 @@ finish() {
 }
 
 # The cluster comes up while the trainer and integration tiers run, which mostly wait (on sleeps,
-# rendezvous rounds, the API server): about 11 min here, the 1.4 GB CPU trainer image going into
-# three workers beside Cilium's start (hack/kind/load-image.sh; docs/images.md for its size). A
+# rendezvous rounds, the API server): about 8 min here, the 1.4 GB CPU trainer image going into
+# three workers the longest step (hack/kind/load-image.sh; docs/images.md for its size). A
 # cluster already on the machine (a demo's, a bench's, one brought back by a Docker restart) is not
 # this commit's: it may lack NetworkPolicy enforcement from its start, hold a node taken away and
 # returned, or have moved its addresses; one such cluster was reused in 7 s and its workers never

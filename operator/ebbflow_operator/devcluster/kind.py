@@ -137,7 +137,7 @@ class Kind:
         """A node joins again: the same container's kubelet registers a new Node, with fresh pod
         networking (a new node may get another pod CIDR, so the old bridge and addresses go) and
         every pod's containers gone: a returned spot node is a new machine, so its agents (flannel,
-        Cilium, the device plugin) start afresh instead of running on across the return with
+        kube-router, the device plugin) start afresh instead of running on across the return with
         what they knew of the old node (stopping the kubelet alone left them running)."""
         reset = (
             "systemctl stop kubelet; crictl rmp --force --all >/dev/null;"
@@ -157,7 +157,8 @@ class Kind:
 
 def daemons_not_ready(pods: list[dict[str, Any]], node: str, workers: tuple[str, ...] = WORKERS) -> set[str]:
     """The DaemonSets (namespace/name) that run a pod on another worker node but no Ready pod on
-    `node`: a worker given back is back once its agents (pod network, Cilium, device plugin) are."""
+    `node`: a worker given back is back once its agents (pod network, NetworkPolicy, device plugin)
+    are."""
     elsewhere, ready_here = set(), set()
     for pod in pods:
         owner = _daemonset(pod)
@@ -214,10 +215,9 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_poli
     install` (CHART_VALUES) and Prometheus; each step is cached or idempotent: a second call on a
     running cluster takes seconds. `say` hears each step as it ends, with its duration.
 
-    `network_policy`: Cilium chained after flannel enforces NetworkPolicy (hack/cilium; its agent
-    image takes about ten minutes to build the first time on a machine). Installed right after the
-    cluster, before anything runs in it; a cluster set up without it gets it on a later call, and
-    pods that existed before are then not policed.
+    `network_policy`: kube-router's firewall beside flannel enforces NetworkPolicy (hack/kube-router;
+    its binary takes a few minutes to build the first time on a machine). Installed right after the
+    cluster, before anything runs in it; a cluster set up without it gets it on a later call.
 
     Every image is built before the cluster starts, so the trainer build's transient space and the
     kind nodes' copies of it are never needed at once; loading into a node frees build-only caches
@@ -231,7 +231,7 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_poli
 
     run("bash", "hack/images/build-images.sh")
     if network_policy:
-        run("bash", "hack/cilium/build-image.sh")
+        run("bash", "hack/kube-router/build-image.sh")
     plugin = run("bash", "hack/fake-gpu-plugin/build-image.sh").strip().splitlines()[-1]
     run("bash", "hack/build-tools.sh", "prometheus")
     prometheus = run("bash", "hack/prometheus/build-image.sh").strip().splitlines()[-1]
@@ -241,8 +241,8 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_poli
         kind.ensure_namespace(namespace)
     done("kind cluster (hack/kind/up.sh)")
     if network_policy:
-        run("bash", "hack/cilium/install.sh")
-        done("Cilium, enforcing NetworkPolicy (hack/cilium/install.sh)")
+        run("bash", "hack/kube-router/install.sh")
+        done("kube-router, enforcing NetworkPolicy (hack/kube-router/install.sh)")
     for removal in load_image(TRAINER_IMAGE, WORKERS):
         say(f"  {removal}")
     done(f"{TRAINER_IMAGE} in the worker nodes")

@@ -27,22 +27,27 @@ def pod(
     }
 
 
-EVERY_AGENT_ELSEWHERE = [pod("cilium", "w2"), pod("flannel", "w2"), pod("cilium", "w3"), pod("flannel", "w3")]
+EVERY_AGENT_ELSEWHERE = [
+    pod("kube-router", "w2"),
+    pod("flannel", "w2"),
+    pod("kube-router", "w3"),
+    pod("flannel", "w3"),
+]
 
 
 @pytest.mark.parametrize(
     ("here", "missing"),
     [
-        pytest.param([pod("cilium", "w1"), pod("flannel", "w1")], set(), id="every-agent-ready"),
-        pytest.param([pod("flannel", "w1")], {"kube-system/cilium"}, id="cilium-not-yet-created"),
+        pytest.param([pod("kube-router", "w1"), pod("flannel", "w1")], set(), id="every-agent-ready"),
+        pytest.param([pod("flannel", "w1")], {"kube-system/kube-router"}, id="kube-router-not-yet-created"),
         pytest.param(
-            [pod("cilium", "w1", ready=False), pod("flannel", "w1")],
-            {"kube-system/cilium"},
-            id="cilium-starting",
+            [pod("kube-router", "w1", ready=False), pod("flannel", "w1")],
+            {"kube-system/kube-router"},
+            id="kube-router-starting",
         ),
-        pytest.param([], {"kube-system/cilium", "kube-system/flannel"}, id="nothing-yet"),
+        pytest.param([], {"kube-system/kube-router", "kube-system/flannel"}, id="nothing-yet"),
         pytest.param(
-            [pod("cilium", "w1"), pod("flannel", "w1"), pod(None, "w1", ready=False)],
+            [pod("kube-router", "w1"), pod("flannel", "w1"), pod(None, "w1", ready=False)],
             set(),
             id="other-pods-ignored",
         ),
@@ -55,5 +60,5 @@ def test_a_worker_is_back_once_every_daemonset_of_the_others_is_ready_on_it(
 
 
 def test_a_daemonset_only_on_the_control_plane_is_not_awaited() -> None:
-    pods = [pod("control-only", "control-plane"), pod("cilium", "w2"), pod("cilium", "w1")]
+    pods = [pod("control-only", "control-plane"), pod("kube-router", "w2"), pod("kube-router", "w1")]
     assert daemons_not_ready(pods, "w1", WORKERS) == set()
