@@ -25,7 +25,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 # Free disk (GB) under which `build` leaves the trainer image to `finish`: its build needs about 10 GB
-# transient plus the 4.6 GB image, beside Go's caches.
+# transient (the wheels, the build stage) plus the 1.4 GB image, beside Go's caches.
 TRAINER_BUILD_NEEDS_GB=${TRAINER_BUILD_NEEDS_GB:-25}
 # Free disk (GB) under which `finish` removes the wheelhouse: the e2e cluster then needs about 10 GB
 # (three workers holding the 1.4 GB trainer image, their own writes) and the tiers a few more.

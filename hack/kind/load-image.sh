@@ -9,7 +9,7 @@
 #     other work. Other nodes (the control plane) get the stream;
 #   - the image's layer blobs are removed from the node's containerd content store once unpacked
 #     (containerd's `discard_unpacked_layers` does that for pulled images; an imported image is never
-#     pulled): the CPU trainer image then costs 4.6 GB per node instead of 9.4 GB;
+#     pulled): an image then costs its unpacked size per node, not about twice that;
 #   - a previous image under the same name is removed first, with the `sha256:<id>` name the CRI
 #     gives an image it ran (otherwise every rebuild stays on every node until the cluster goes);
 #   - no `import-<date>@sha256:...` digest names (kind's `--digests`), which would keep them too.
