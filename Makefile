@@ -7,6 +7,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 TOOLS_BIN := $(CURDIR)/.tools/bin
+# `make tools` builds these (hack/build-tools.sh's names); empty: its default set.
+TOOLS ?=
 KUBECONFIG_LOCAL := $(CURDIR)/.cluster/kubeconfig
 export PATH := $(TOOLS_BIN):$(PATH)
 # Go's caches for the tools and images built here live in the project's cache, not the user's own,
@@ -35,8 +37,8 @@ $(INSTALL_STAMP): $(PYPROJECTS)
 
 install: $(INSTALL_STAMP) ## Virtualenv in .venv with an editable install and all extras.
 
-tools: ## Build the pinned tools (control plane, kubectl, etcd, KWOK, Helm, kind, Prometheus) into .tools/bin (cached per machine).
-	@bash hack/build-tools.sh
+tools: ## Build the pinned tools (default: control plane, kubectl, etcd, KWOK, Helm, kind, Prometheus; or TOOLS="...") into .tools/bin (cached per machine).
+	@bash hack/build-tools.sh $(TOOLS)
 
 cluster-up: install tools ## Start a local control plane with fake GPU nodes; kubeconfig in .cluster/kubeconfig.
 	@$(PY) -m ebbflow_operator.devcluster up
