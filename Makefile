@@ -20,7 +20,8 @@ export GOCACHE ?= $(EBBFLOW_CACHE)/go/build
 INSTALL_STAMP := $(VENV)/.installed
 # In CI pip keeps no second copy of the 4.5 GB of torch wheels (a CI machine's disk is limited).
 PIP_CACHE_FLAG := $(if $(filter true,$(CI)),--no-cache-dir,)
-PYPROJECTS := pyproject.toml api/pyproject.toml operator/pyproject.toml trainer-image/pyproject.toml
+PYPROJECTS := pyproject.toml api/pyproject.toml operator/pyproject.toml trainer-image/pyproject.toml \
+	sim/pyproject.toml devtools/pyproject.toml
 
 .PHONY: help demo install tools cluster-up cluster-down lint typecheck test test-unit test-trainer \
 	test-gpu test-integration test-e2e crds base-image images images-test kind-images kind-up \
@@ -32,7 +33,8 @@ help: ## List every target with one line.
 $(INSTALL_STAMP): $(PYPROJECTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(PIP_CACHE_FLAG) -e ./api -e ./operator -e ./trainer-image -e '.[dev]'
+	$(PY) -m pip install --quiet $(PIP_CACHE_FLAG) -e ./api -e ./operator -e ./trainer-image \
+		-e './sim[plot]' -e './devtools[testing]' -e '.[dev]'
 	@touch $@
 
 install: $(INSTALL_STAMP) ## Virtualenv in .venv with an editable install and all extras.
@@ -41,15 +43,15 @@ tools: ## Build the pinned tools (default: control plane, kubectl, etcd, KWOK, H
 	@bash hack/build-tools.sh $(TOOLS)
 
 cluster-up: install tools ## Start a local control plane with fake GPU nodes; kubeconfig in .cluster/kubeconfig.
-	@$(PY) -m ebbflow_operator.devcluster up
+	@$(PY) -m ebbflow_devtools up
 	@$(TOOLS_BIN)/kubectl --kubeconfig $(KUBECONFIG_LOCAL) get nodes \
 		-o custom-columns='NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,GPUS:.status.capacity.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product,CAPACITY:.metadata.labels.karpenter\.sh/capacity-type'
 
 demo: install tools ## The main job (the README's first command): kind cluster, operator by helm, digits trained through a node lost and regained.
-	$(PY) -m ebbflow_operator.devcluster.demo
+	$(PY) -m ebbflow_devtools.demo
 
 cluster-down: ## Stop the local control plane; leaves no process behind.
-	@if [ -x $(PY) ]; then $(PY) -m ebbflow_operator.devcluster down; else echo "not running"; fi
+	@if [ -x $(PY) ]; then $(PY) -m ebbflow_devtools down; else echo "not running"; fi
 
 lint: ## ruff check and format check.
 	@$(VENV)/bin/ruff check .

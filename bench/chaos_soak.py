@@ -50,18 +50,18 @@ from typing import Any
 
 import yaml
 from ebbflow_api import contract, crd
-from ebbflow_api.builders import JobBuilder
-from ebbflow_api.waiting import wait_for
-from ebbflow_operator.allocator import PriorityFairShare
-from ebbflow_operator.decide import OperatorConfig, decide
-from ebbflow_operator.devcluster.controlplane import ControlPlane, running_control_plane
-from ebbflow_operator.devcluster.gpunodes import (
+from ebbflow_devtools.builders import JobBuilder
+from ebbflow_devtools.controlplane import ControlPlane, running_control_plane
+from ebbflow_devtools.gpunodes import (
     TAINT_SPOT_TERMINATION,
     GpuNodeTemplate,
     create_gpu_nodes,
     delete_node,
     evict_pod,
 )
+from ebbflow_devtools.waiting import wait_for
+from ebbflow_operator.allocator import PriorityFairShare
+from ebbflow_operator.decide import OperatorConfig, decide
 from ebbflow_operator.model import parse_job, parse_node, parse_pod
 from kubernetes import client, config
 

@@ -9,8 +9,8 @@ The observed state is the steady phase of the operator benchmark after convergen
 max 24, 1 GPU per worker) on NODES nodes of 4 GPUs, every GPU held by a running, ready worker, each
 job Running with a status that matches its pods, its rendezvous pod, Services and NetworkPolicy in
 place: a pass that finds nothing to do, which is most passes (every watch event triggers one). Jobs
-and nodes go through the real parsing path (tests/builders.py). The fair policy decides by default;
-goodput and quality decide with no measurements yet (their priors), as after an operator restart.
+and nodes go through the real parsing path (ebbflow_devtools.builders). The fair policy decides by
+default; goodput and quality decide with no measurements yet (their priors), as after an operator restart.
 `--state starting` times the passes of a convergence instead: the same placement with every third
 worker bound but not yet running, so that every job has a status to write and no plan is reused.
 
@@ -30,14 +30,13 @@ import json
 import math
 import pstats
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ebbflow_api import contract
-from ebbflow_api.builders import JobBuilder
+from ebbflow_devtools.builders import NOW, JobBuilder, make_job, make_node, make_rendezvous, make_worker
 from ebbflow_operator import manifests
 from ebbflow_operator.allocator import Policy
 from ebbflow_operator.decide import OperatorConfig, decide
@@ -46,8 +45,6 @@ from ebbflow_operator.model import Job, JobKey, Node, Pod
 from ebbflow_operator.policies import POLICIES, policy_named
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from tests.builders import NOW, make_job, make_node, make_rendezvous, make_worker  # noqa: E402
 
 GPUS_PER_NODE = 4
 MIN, MAX = 2, 24

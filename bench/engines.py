@@ -5,21 +5,15 @@ thing the same way."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from ebbflow_devtools.testing.trainer_config import trainer_config
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.engine import Collectives, StepResult, VirtualNodeEngine, WorldOfOne
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.trainer_config import trainer_config  # noqa: E402
 
 __all__ = ["cross_entropy", "sgd", "sgd_spec", "trainer_config", "worker_step"]
 

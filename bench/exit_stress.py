@@ -58,12 +58,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ebbflow_api.waiting import wait_for
+from ebbflow_devtools.testing.trainer_cluster import Job, Node, running_job
+from ebbflow_devtools.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from tests.trainer.trainer_cluster import Job, Node, running_job  # noqa: E402
 
 FAILURES = Path("/tmp/exit_stress_failures")
 # How long any launcher may take to end once its ending is set in motion (normal runs last ~10 s).

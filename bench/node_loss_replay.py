@@ -19,21 +19,20 @@ import argparse
 import json
 import random
 import statistics
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ebbflow_api.builders import JobBuilder
+from ebbflow_devtools.builders import NOW, JobBuilder, make_job, make_node, make_rendezvous, make_worker
 from ebbflow_operator.allocator import PriorityFairShare
 from ebbflow_operator.decide import OperatorConfig, decide
 from ebbflow_operator.model import Job, Node, Pod
 from ebbflow_operator.planner import Plan
 
+from bench.decide_scale import GPUS_PER_NODE, MAX, MIN, children
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from bench.decide_scale import GPUS_PER_NODE, MAX, MIN, children  # noqa: E402
-from tests.builders import NOW, make_job, make_node, make_rendezvous, make_worker  # noqa: E402
+
 
 PASSES_BEFORE_GIVING_UP = 10
 

@@ -43,14 +43,14 @@ from typing import Any
 
 import yaml
 from ebbflow_api import contract, crd
-from ebbflow_api.builders import JobBuilder
-from ebbflow_api.waiting import wait_for
-from ebbflow_operator.devcluster.controlplane import (
+from ebbflow_devtools.builders import JobBuilder
+from ebbflow_devtools.controlplane import (
     NODE_LEASE_SECONDS,
     node_monitor_grace,
     running_control_plane,
 )
-from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, delete_node
+from ebbflow_devtools.gpunodes import GpuNodeTemplate, delete_node
+from ebbflow_devtools.waiting import wait_for
 from kubernetes import client, config, watch
 
 REPO = Path(__file__).resolve().parents[1]

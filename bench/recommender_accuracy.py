@@ -26,20 +26,18 @@ import csv
 import json
 import os
 import statistics
-import sys
 import tempfile
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from ebbflow_devtools.testing.trainer_cluster import running_job
+from ebbflow_operator.throughput import Measurement
+from ebbflow_sim.recommend import held_out_errors
+from ebbflow_sim.recommend_cli import MEASUREMENT_COLUMNS
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from ebbflow_operator.recommend import held_out_errors  # noqa: E402
-from ebbflow_operator.sim.recommend_cli import MEASUREMENT_COLUMNS  # noqa: E402
-from ebbflow_operator.throughput import Measurement  # noqa: E402
-
-from tests.trainer.trainer_cluster import running_job  # noqa: E402
 
 SCRIPT = str(REPO / "examples" / "tiny_lm" / "train.py")
 VIRTUAL_NODES = 4

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 from ebbflow_operator.allocator import Demand
 from ebbflow_operator.model import JobKey
-from ebbflow_operator.sim import allocation, cli
+from ebbflow_sim import allocation, cli
 
 CONFIGS = (
     ("--jobs", "120", "--gpus", "256", "--seed", "0"),

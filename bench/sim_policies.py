@@ -21,11 +21,11 @@ import statistics
 import time
 from pathlib import Path
 
-from ebbflow_operator.sim.allocation import POLICIES
-from ebbflow_operator.sim.cli import ratio_range
-from ebbflow_operator.sim.cluster import ClusterConfig
-from ebbflow_operator.sim.engine import SimConfig, simulate
-from ebbflow_operator.sim.trace import TraceConfig, generate
+from ebbflow_sim.allocation import POLICIES
+from ebbflow_sim.cli import ratio_range
+from ebbflow_sim.cluster import ClusterConfig
+from ebbflow_sim.engine import SimConfig, simulate
+from ebbflow_sim.trace import TraceConfig, generate
 
 REPO = Path(__file__).resolve().parents[1]
 

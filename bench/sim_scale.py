@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 from ebbflow_operator import policies
-from ebbflow_operator.sim.allocation import POLICIES
-from ebbflow_operator.sim.cluster import ClusterConfig
-from ebbflow_operator.sim.engine import SimConfig, Simulation
-from ebbflow_operator.sim.trace import TraceConfig, generate
+from ebbflow_sim.allocation import POLICIES
+from ebbflow_sim.cluster import ClusterConfig
+from ebbflow_sim.engine import SimConfig, Simulation
+from ebbflow_sim.trace import TraceConfig, generate
 
 REPO = Path(__file__).resolve().parents[1]
 

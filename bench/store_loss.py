@@ -26,18 +26,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from ebbflow_api.waiting import wait_for
+from ebbflow_devtools.testing.trainer_cluster import Job, Node, running_job
+from ebbflow_devtools.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from tests.trainer.trainer_cluster import Job, Node, running_job  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "store_loss.json"
 STEP_SECONDS = 0.04

@@ -28,12 +28,8 @@ import time
 from itertools import pairwise
 from pathlib import Path
 
-from ebbflow_api.waiting import wait_for
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.trainer.trainer_cluster import Node, running_job  # noqa: E402
+from ebbflow_devtools.testing.trainer_cluster import Node, running_job
+from ebbflow_devtools.waiting import wait_for
 
 STEP_SECONDS = 0.04
 # How long to wait for stock torchrun's survivors to train again before calling it "never".

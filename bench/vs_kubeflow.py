@@ -19,7 +19,7 @@ disrupted run repeats --repeats times (default 3) on the same cluster, its lost 
 a recovery of a few seconds on a 2-core machine that also hosts the control plane varies by seconds from
 one run to the next, so the table gives each figure's median over the runs (times with their range) and
 results.json keeps every run. Figures come
-from the trainers' journals on the shared volume (ebbflow_operator/devcluster/recovery.py), never from
+from the trainers' journals on the shared volume (ebbflow_devtools/recovery.py), never from
 pod phases. Systems: ``ebbflow``; ``kubeflow`` (the documented defaults: no maxRestarts, torchrun's
 rendezvous timeouts); ``kubeflow-tuned`` (maxRestarts 100 and Ebbflow's heartbeats: every second, 3 missed;
 torchrun's 30 s last call).
@@ -50,10 +50,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from ebbflow_api.builders import JobBuilder
-from ebbflow_api.waiting import wait_for
-from ebbflow_operator.devcluster import recovery as rec
-from ebbflow_operator.devcluster.kind import (
+from ebbflow_devtools import recovery as rec
+from ebbflow_devtools.builders import JobBuilder
+from ebbflow_devtools.kind import (
     E2E_NAMESPACE,
     REPO,
     TRAINER_IMAGE,
@@ -64,6 +63,7 @@ from ebbflow_operator.devcluster.kind import (
     run,
     set_up,
 )
+from ebbflow_devtools.waiting import wait_for
 from ebbflow_operator.manifests import rendezvous_name
 
 NAMESPACE = E2E_NAMESPACE

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from ebbflow_operator.devcluster.kind import (
+from ebbflow_devtools.kind import (
     E2E_NAMESPACE,
     OPERATOR_DEPLOYMENT,
     RELEASE,

@@ -5,7 +5,7 @@ only that it did. Best effort: a command that fails adds its error, never raises
 
 from __future__ import annotations
 
-from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, RELEASE_NAMESPACE, Kind, KindError
+from ebbflow_devtools.kind import E2E_NAMESPACE, RELEASE_NAMESPACE, Kind, KindError
 
 LOG_LINES = 25  # per pod: the trainer's last resumptions and steps
 # Each section's tail: a cut of the whole report once dropped the nodes, pods and jobs at its head.

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
-from ebbflow_api.builders import JobBuilder
-from ebbflow_operator.devcluster import trainer_logs
-from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, TRAINER_IMAGE, Kind, KindError, poll
+from ebbflow_devtools import trainer_logs
+from ebbflow_devtools.builders import JobBuilder
+from ebbflow_devtools.kind import E2E_NAMESPACE, TRAINER_IMAGE, Kind, KindError, poll
 
 JOB_DEADLINE_S = 420
 # Device time simulated per virtual node, so that a run lasts long enough to disturb (the CPU computes

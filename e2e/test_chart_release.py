@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from ebbflow_api import contract
-from ebbflow_operator.devcluster.kind import (
+from ebbflow_devtools.kind import (
     CHART_VALUES,
     OPERATOR_DEPLOYMENT,
     RELEASE,

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from ebbflow_api.waiting import wait_for
-from ebbflow_operator.devcluster import trainer_logs
-from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, REPO, Kind, poll
+from ebbflow_devtools import trainer_logs
+from ebbflow_devtools.kind import E2E_NAMESPACE, REPO, Kind, poll
+from ebbflow_devtools.waiting import wait_for
 
 from . import jobs
 from .jobs import JOB_DEADLINE_S

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import yaml
 from ebbflow_api import contract
-from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, TRAINER_IMAGE, Kind, KindError, poll
+from ebbflow_devtools.kind import E2E_NAMESPACE, TRAINER_IMAGE, Kind, KindError, poll
 from ebbflow_operator.manifests import network_policy_name, rendezvous_host
 
 from . import jobs

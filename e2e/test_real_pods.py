@@ -4,7 +4,7 @@ train to the end in test_scenarios.py; a deleted worker's SIGTERM leave is in te
 
 from __future__ import annotations
 
-from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, WORKERS, Kind, poll
+from ebbflow_devtools.kind import E2E_NAMESPACE, WORKERS, Kind, poll
 
 from . import jobs
 from .jobs import JOB_DEADLINE_S

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ebbflow_operator.devcluster import trainer_logs
-from ebbflow_operator.devcluster.demo import target_accuracy
-from ebbflow_operator.devcluster.demo_plan import node_to_take
-from ebbflow_operator.devcluster.kind import E2E_NAMESPACE, REPO, Kind, KindError, environment, poll
+from ebbflow_devtools import trainer_logs
+from ebbflow_devtools.demo import target_accuracy
+from ebbflow_devtools.demo_plan import node_to_take
+from ebbflow_devtools.kind import E2E_NAMESPACE, REPO, Kind, KindError, environment, poll
 from ebbflow_operator.manifests import rendezvous_name
 
 from . import jobs

@@ -45,7 +45,7 @@ say() {
 
 free_gb() { df -BG --output=avail . | tail -1 | tr -dc '0-9'; }
 
-# The kind nodes run the CPU trainer only, as the e2e fixture builds it (devcluster/kind.py).
+# The kind nodes run the CPU trainer only, as the e2e fixture builds it (ebbflow_devtools.kind).
 trainer_images() { TRAINER_VARIANTS=cpu bash hack/images/build-images.sh; }
 
 build() {
@@ -94,8 +94,8 @@ finish() {
 cluster() {
   say "removing a kind cluster left on the machine"
   bash hack/kind/down.sh
-  say "the e2e cluster (python -m ebbflow_operator.devcluster.kind)"
-  .venv/bin/python -m ebbflow_operator.devcluster.kind
+  say "the e2e cluster (python -m ebbflow_devtools.kind)"
+  .venv/bin/python -m ebbflow_devtools.kind
   say "e2e cluster ready"
 }
 

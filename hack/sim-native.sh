@@ -26,7 +26,7 @@ echo "compiling ${#files[@]} modules with mypyc (about 2 minutes on 2 cores)"
 # adaptation, two GPU types) for every policy, pure and native.
 check='
 import sys
-from ebbflow_operator.sim import cli
+from ebbflow_sim import cli
 for args in (["--jobs", "60", "--gpus", "128", "--seed", "1"],
              ["--jobs", "40", "--gpus", "64", "--seed", "3", "--replicas", "2"],
              ["--jobs", "40", "--gpus", "128", "--seed", "4", "--elastic-max-factor", "4", "--adaptive-batch-fraction", "1"],
@@ -46,9 +46,9 @@ fi
 # code can make cycles the source does not (closures that capture each other).
 cycles='
 import gc
-from ebbflow_operator.sim.cluster import ClusterConfig
-from ebbflow_operator.sim.engine import SimConfig, Simulation
-from ebbflow_operator.sim.trace import TraceConfig, generate
+from ebbflow_sim.cluster import ClusterConfig
+from ebbflow_sim.engine import SimConfig, Simulation
+from ebbflow_sim.trace import TraceConfig, generate
 cluster = ClusterConfig(gpus=128, replicas=2, preempt_rate_per_hour=1.0)
 jobs = generate(TraceConfig(jobs=40, gpus=128, elastic_max_factor=4, adaptive_batch_fraction=0.5), 4)
 gc.collect()

@@ -137,3 +137,18 @@ EXIT_SIGTERM: Final = 143
 PREEMPTION_EXIT_CODES: Final = frozenset({EXIT_SIGKILL, EXIT_SIGTERM})
 
 DEFAULT_LEAVE_GRACE_SECONDS: Final = 60
+
+# --- Lines the trainer logs that the demo and the e2e tier read back -------------------------------
+# Each: the `logging` format the trainer renders and the pattern that parses the rendered line
+# (ebbflow_devtools.trainer_logs; a unit test renders every format and parses it back).
+# Every worker of a new world: where it resumed; rank 0 adds ", N step(s) lost".
+RESUMES_LOG: Final = "generation %s: rank %s of %s resumes at step %s from %s%s"
+RESUMES_PATTERN: Final = (
+    r"generation (\d+): rank (\d+) of (\d+) resumes at step (\d+) from (\w+)(?:, (\d+) step\(s\) lost)?"
+)
+# Rank 0, after a new world's first step: the pause since the previous world's last step.
+RESUMED_LOG: Final = "generation %s: training resumed after a %.2f s pause"
+RESUMED_PATTERN: Final = r"generation (\d+): training resumed after a ([\d.]+) s pause"
+# Rank 0, at the end: the step and a digest of the model.
+FINISHED_LOG: Final = "finished at step %s; model sha256 %s"
+FINISHED_PATTERN: Final = r"finished at step (\d+); model sha256 ([0-9a-f]{64})"

@@ -19,14 +19,14 @@ from types import FrameType
 import pytest
 import yaml
 from ebbflow_api import crd as crd_module
-from ebbflow_api.waiting import wait_for
-from ebbflow_operator.devcluster.controlplane import (
+from ebbflow_devtools.controlplane import (
     ControlPlane,
     ControlPlaneError,
     missing_tools,
     start_control_plane,
 )
-from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, create_gpu_nodes, delete_node
+from ebbflow_devtools.gpunodes import GpuNodeTemplate, create_gpu_nodes, delete_node
+from ebbflow_devtools.waiting import wait_for
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ebbflow_api import contract
-from ebbflow_api.builders import JobBuilder
-from ebbflow_operator.devcluster.controlplane import ControlPlane
+from ebbflow_devtools.builders import JobBuilder
+from ebbflow_devtools.controlplane import ControlPlane
 
 from .conftest import REPO, Kube
 

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from ebbflow_api.waiting import wait_for
-from ebbflow_operator.devcluster.controlplane import ControlPlane
+from ebbflow_devtools.controlplane import ControlPlane
+from ebbflow_devtools.waiting import wait_for
 
 from .conftest import GpuNodes, Kube
 from .operator_helpers import (

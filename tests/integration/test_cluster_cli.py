@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ebbflow_operator.devcluster.controlplane import DEFAULT_TOOLS_BIN, ControlPlane
+from ebbflow_devtools.controlplane import DEFAULT_TOOLS_BIN, ControlPlane
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -29,7 +29,7 @@ def processes_mentioning(text: str) -> list[int]:
 
 
 def cluster(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "ebbflow_operator.devcluster", "--workdir", str(workdir), *args]
+    command = [sys.executable, "-m", "ebbflow_devtools", "--workdir", str(workdir), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
 
 

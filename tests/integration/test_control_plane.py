@@ -5,9 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from ebbflow_api.waiting import wait_for
-from ebbflow_operator.devcluster.controlplane import ControlPlane
-from ebbflow_operator.devcluster.gpunodes import (
+from ebbflow_devtools.controlplane import ControlPlane
+from ebbflow_devtools.gpunodes import (
     GPU_RESOURCE,
     GpuNodeTemplate,
     drain_node,
@@ -16,6 +15,7 @@ from ebbflow_operator.devcluster.gpunodes import (
     node_is_ready,
     preempt_node,
 )
+from ebbflow_devtools.waiting import wait_for
 from kubernetes.client.exceptions import ApiException
 
 from .conftest import GpuNodes, Kube

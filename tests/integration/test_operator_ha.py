@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from ebbflow_api import contract
-from ebbflow_api.waiting import wait_for
-from ebbflow_operator.devcluster.controlplane import ControlPlane
+from ebbflow_devtools.controlplane import ControlPlane
+from ebbflow_devtools.waiting import wait_for
 from ebbflow_operator.leader import LEASE_NAME
 from kubernetes import client
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 from ebbflow_api import contract
-from ebbflow_api.waiting import wait_for
-from ebbflow_operator.devcluster.controlplane import ControlPlane
-from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, drain_node, fail_pod, preempt_node
+from ebbflow_devtools.controlplane import ControlPlane
+from ebbflow_devtools.gpunodes import GpuNodeTemplate, drain_node, fail_pod, preempt_node
+from ebbflow_devtools.waiting import wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 from ebbflow_api import contract
-from ebbflow_api.waiting import wait_for
+from ebbflow_devtools.controlplane import ControlPlane
+from ebbflow_devtools.gpunodes import GpuNodeTemplate
+from ebbflow_devtools.waiting import wait_for
 from ebbflow_operator import manifests
-from ebbflow_operator.devcluster.controlplane import ControlPlane
-from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate
 
 from .conftest import GpuNodes, Kube
 from .operator_helpers import (

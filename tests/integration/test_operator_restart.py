@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from ebbflow_api import contract
-from ebbflow_api.waiting import wait_for
-from ebbflow_operator.devcluster.controlplane import ControlPlane
-from ebbflow_operator.devcluster.gpunodes import delete_node
+from ebbflow_devtools.controlplane import ControlPlane
+from ebbflow_devtools.gpunodes import delete_node
+from ebbflow_devtools.waiting import wait_for
 
 from .conftest import GpuNodes, Kube
 from .operator_helpers import (

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 from ebbflow_api import contract
-from ebbflow_api.waiting import wait_for
+from ebbflow_devtools.controlplane import ControlPlane
+from ebbflow_devtools.waiting import wait_for
 from ebbflow_operator import manifests
-from ebbflow_operator.devcluster.controlplane import ControlPlane
 from ebbflow_operator.model import parse_job
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from ebbflow_api.contract import API_GROUP, API_VERSION, PLURAL, RENDEZVOUS_PORT
 from ebbflow_api.models import GPU_RESOURCE
-from ebbflow_operator.devcluster.controlplane import ControlPlane
+from ebbflow_devtools.controlplane import ControlPlane
 
 from .conftest import Kube
 from .operator_helpers import KUBECTL, REPO

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.trainer.trainer_cluster import running_job, train_on_one_gpu
+from ebbflow_devtools.testing.trainer_cluster import running_job, train_on_one_gpu
 
 HERE = Path(__file__).resolve().parent
 # Only a guard against a hang: every scenario waits with its own deadline (Job.wait_all, wait_for),

@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ebbflow_api import contract
+from ebbflow_devtools.testing.trainer_cluster import Node, running_job
 from ebbflow_trainer import state
-
-from .trainer_cluster import Node, running_job
 
 FIRST, SECOND, THIRD = 8, 16, 24  # each run trains to this step and checkpoints at its end
 

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.trainer.trainer_cluster import assert_bitwise_equal, running_job
+from ebbflow_devtools.testing.trainer_cluster import assert_bitwise_equal, running_job
 
 V, B, STEPS = 12, 48, 20
 # The digits model's 12 rows (245 kB) would go as a row table; these tests are about exact sums.

@@ -16,9 +16,7 @@ from typing import Any
 import pytest
 import torch
 from ebbflow_api import contract
-from ebbflow_api.waiting import wait_for
-
-from tests.trainer.trainer_cluster import (
+from ebbflow_devtools.testing.trainer_cluster import (
     DIGITS,
     HELD_DIGITS,
     Job,
@@ -38,17 +36,6 @@ def _generations(node: Node) -> list[dict[str, Any]]:
 
 def _steps_in(nodes: list[Node], generation: int) -> list[int]:
     return [r["step"] for n in nodes for r in n.events("step") if r["generation"] == generation]
-
-
-def _wait_for_world(job: Job, node: Node, size: int, min_step: int) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
-        last = node.last_step()
-        return last if last and last["world"] == size and last["step"] >= min_step else None
-
-    try:
-        return wait_for(reached, 240, f"{node.name} to train at world size {size}")
-    except TimeoutError as error:
-        raise TimeoutError(f"{error}\n{job.diagnose()}") from None
 
 
 # World 2 (two virtual nodes each); the SIGKILL scenario's fast case runs worlds of three and two.
@@ -89,7 +76,7 @@ def test_sigkill_of_any_worker_resumes_from_memory_at_world_size_two(
         tmp_path, min_replicas=2, max_replicas=3, extra_args=SLOW_STEPS, mode=mode, script=HELD_DIGITS
     ) as job:
         nodes = job.start_held(3)
-        _wait_for_world(job, nodes[0], 3, min_step=10)
+        job.wait_for_world(nodes[0], 3, min_step=10)
         victim = next(
             n for n in nodes if n.last_step()["world"] == 3 and n.last_step()["rank"] == victim_rank
         )
@@ -129,12 +116,12 @@ def test_a_worker_joins_at_a_step_boundary_and_one_leaves_by_sigterm_without_los
         tmp_path, min_replicas=2, max_replicas=3, extra_args=SLOW_STEPS, script=HELD_DIGITS
     ) as job:
         first = job.start_held(2)
-        _wait_for_world(job, first[0], 2, min_step=1)
+        job.wait_for_world(first[0], 2, min_step=1)
         # Training waits while the newcomer starts (a CI run on two saturated cores once finished the
         # job before its launcher had).
         (newcomer,) = job.start_held(1, running=tuple(first))
         nodes = [*first, newcomer]
-        _wait_for_world(job, newcomer, 3, min_step=10)
+        job.wait_for_world(newcomer, 3, min_step=10)
 
         (joined,) = [g for g in _generations(newcomer) if g["world"] == 3]
         assert joined["source"] == "peer", "the newcomer must receive the state from a peer"

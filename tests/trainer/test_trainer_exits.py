@@ -19,9 +19,14 @@ from typing import Any
 import pytest
 import torch
 from ebbflow_api import contract
-from ebbflow_api.waiting import wait_for
-
-from tests.trainer.trainer_cluster import Job, Node, assert_bitwise_equal, parameters_of, running_job
+from ebbflow_devtools.testing.trainer_cluster import (
+    Job,
+    Node,
+    assert_bitwise_equal,
+    parameters_of,
+    running_job,
+)
+from ebbflow_devtools.waiting import wait_for
 
 HERE = Path(__file__).resolve().parent
 CORRUPT_DIGITS = str(HERE / "corrupt_digits.py")

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 from ebbflow_api import contract
-from ebbflow_api.waiting import wait_for
+from ebbflow_devtools.testing.trainer_cluster import Node, assert_bitwise_equal, running_job
+from ebbflow_devtools.waiting import wait_for
 
 from tests.trainer.features_digits import CLIP, EVAL_EVERY, STEPS
-from tests.trainer.trainer_cluster import Job, Node, assert_bitwise_equal, running_job
 
 FEATURES = str(Path(__file__).resolve().parent / "features_digits.py")
 EVAL_STEPS = list(range(EVAL_EVERY, STEPS + 1, EVAL_EVERY))
@@ -75,17 +75,6 @@ def test_a_calm_run_uses_every_feature(calm_features: dict[str, Any]) -> None:
     assert progress["eval"] == {"step": STEPS, "metrics": evaluations[-1]["metrics"]}
 
 
-def _wait_for_world(job: Job, node: Node, size: int, min_step: int) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
-        last = node.last_step()
-        return last if last and last["world"] == size and last["step"] >= min_step else None
-
-    try:
-        return wait_for(reached, 300, f"{node.name} to train at world size {size}")
-    except TimeoutError as error:
-        raise TimeoutError(f"{error}\n{job.diagnose()}") from None
-
-
 def _first_generation_at(nodes: list[Node], size: int, after: int) -> list[dict[str, Any]]:
     """The generation records of the first world of ``size`` formed after generation ``after``."""
     records = [g for n in nodes for g in n.events("generation") if g["generation"] > after]
@@ -111,14 +100,14 @@ def test_join_sigterm_and_sigkill_end_equal_to_a_calm_run(
     ) as job:
         env = job.environment(FEATURES_HOLD=str(hold))
         first = [job.start_node(env=env), job.start_node(env=env)]
-        _wait_for_world(job, first[0], 2, min_step=3)
+        job.wait_for_world(first[0], 2, min_step=3)
         # Hold training while the newcomer starts (a minute on a busy machine); release it once the
         # newcomer asks to join, well within the grace its peers get to leave for it.
         hold.touch()
         newcomer = job.start_node(env=env)
         wait_for(lambda: "attempts to join" in newcomer.log.read_text(), 300, "the newcomer to ask to join")
         hold.unlink()
-        joined = _wait_for_world(job, newcomer, 3, min_step=1)
+        joined = job.wait_for_world(newcomer, 3, min_step=1)
         assert {g["source"] for g in _first_generation_at([newcomer], 3, 0)} == {"peer"}
 
         nodes = [*first, newcomer]
@@ -128,7 +117,7 @@ def test_join_sigterm_and_sigkill_end_equal_to_a_calm_run(
         # The last one: a worker also logs "left" when its agent stops it to admit the newcomer.
         left = leaver.events("left")[-1]
         victim, survivor = (n for n in nodes if n is not leaver)
-        _wait_for_world(job, victim, 2, min_step=left["step"] + 1)
+        job.wait_for_world(victim, 2, min_step=left["step"] + 1)
         victim.kill_tree()
         assert job.wait_all([survivor], 300) == [0], job.logs()
         final = job.final_checkpoint()

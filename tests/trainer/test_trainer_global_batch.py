@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ebbflow_api import contract
-from ebbflow_api.waiting import wait_for
-
-from tests.trainer.trainer_cluster import HELD_DIGITS, Job, Node, assert_bitwise_equal, running_job
+from ebbflow_devtools.testing.trainer_cluster import HELD_DIGITS, Job, Node, assert_bitwise_equal, running_job
+from ebbflow_devtools.waiting import wait_for
 
 V, B, MAX = 4, 32, 64
 # Modelled device time per virtual node: the run lasts long enough to change B along the way.

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.trainer.trainer_cluster import assert_bitwise_equal, needs_cuda, train_on_one_gpu
+from ebbflow_devtools.testing.trainer_cluster import assert_bitwise_equal, needs_cuda, train_on_one_gpu
 
 
 @pytest.mark.gpu

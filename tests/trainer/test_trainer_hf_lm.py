@@ -12,8 +12,7 @@ import math
 from pathlib import Path
 
 import pytest
-
-from tests.trainer.trainer_cluster import REPO, needs_cuda, running_job
+from ebbflow_devtools.testing.trainer_cluster import REPO, needs_cuda, running_job
 
 HF_LM = str(REPO / "examples" / "hf_lm" / "train.py")
 STEPS = 30

@@ -13,10 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from ebbflow_api.waiting import wait_for
-
-from tests.trainer.trainer_cluster import (
-    Job,
+from ebbflow_devtools.testing.trainer_cluster import (
     Node,
     assert_bitwise_equal,
     needs_cuda,
@@ -31,17 +28,6 @@ SLOW_STEPS = ["--simulated-vnode-seconds", "0.02"]
 
 def _ranks_at(node: Node, world: int) -> set[int]:
     return {r["rank"] for r in node.events("step") if r["world"] == world}
-
-
-def _wait_for_world(job: Job, node: Node, size: int, min_step: int) -> None:
-    def reached() -> bool:
-        steps = [r["step"] for r in node.events("step") if r["world"] == size]
-        return bool(steps) and max(steps) >= min_step
-
-    try:
-        wait_for(reached, 300, f"{node.name} to train at world size {size}")
-    except TimeoutError as error:
-        raise TimeoutError(f"{error}\n{job.diagnose()}") from None
 
 
 def _two_pods_of_two(tmp_path: Path, calm_reference: dict[str, Any], args: list[str]) -> None:
@@ -68,7 +54,7 @@ def _kill_a_pod_of_two(tmp_path: Path, calm_reference: dict[str, Any], args: lis
     extra = [*TWO_PER_POD, *SLOW_STEPS, *args]
     with running_job(tmp_path, min_replicas=1, max_replicas=2, extra_args=extra) as job:
         nodes = [job.start_node() for _ in range(2)]
-        _wait_for_world(job, nodes[0], 4, min_step=10)
+        job.wait_for_world(nodes[0], 4, min_step=10)
         # The pod with global rank 0 (the one that writes checkpoints and progress): both its processes die.
         victim = next(n for n in nodes if 0 in _ranks_at(n, 4))
         victim.kill_tree()

@@ -16,7 +16,8 @@ from contextlib import suppress
 from datetime import timedelta
 from typing import Any
 
-from ebbflow_api.waiting import wait_for
+from ebbflow_devtools.testing.trainer_config import trainer_config
+from ebbflow_devtools.waiting import wait_for
 from ebbflow_trainer.rendezvous import HUNG_CALL_GRACE, GenerationRendezvousHandler
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
@@ -24,8 +25,6 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousTimeout,
 )
-
-from tests.trainer_config import trainer_config
 
 HEARTBEAT, MISSED = 0.5, 3
 STORE_TIMEOUT = 3.0

@@ -12,12 +12,10 @@ from typing import Any
 
 import pytest
 from ebbflow_api import contract
-from ebbflow_api.builders import JobBuilder
+from ebbflow_devtools.builders import NOW, JobBuilder
+from ebbflow_devtools.gpunodes import GpuNodeTemplate
 from ebbflow_operator.decide import OperatorConfig
-from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate
 from ebbflow_operator.model import format_time
-
-from tests.builders import NOW
 
 pytestmark = pytest.mark.unit
 

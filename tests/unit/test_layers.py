@@ -1,6 +1,7 @@
 """Import layers: the API package stays free of torch, kopf and the Kubernetes client; the operator never
 loads torch or the trainer; the trainer's entry points never load the operator; the operator's
-decision modules stay pure; and no package has an import cycle.
+decision modules and the simulator stay pure; no shipped package imports the simulator or the dev
+tools; and no package has an import cycle.
 
 Runtime checks import in a fresh interpreter each (`sys.executable -c`), so modules that this test
 process (or an earlier test) already imported cannot hide a heavy import. Static checks read the
@@ -24,7 +25,13 @@ PACKAGE_DIRS = {
     "ebbflow_api": REPO / "api" / "ebbflow_api",
     "ebbflow_operator": REPO / "operator" / "ebbflow_operator",
     "ebbflow_trainer": REPO / "trainer-image" / "ebbflow_trainer",
+    "ebbflow_sim": REPO / "sim" / "ebbflow_sim",
+    "ebbflow_devtools": REPO / "devtools" / "ebbflow_devtools",
 }
+# What the images ship (api/, operator/, trainer-image/); the simulator and the dev tools may import
+# them, never the other way round.
+SHIPPED = ("ebbflow_api", "ebbflow_operator", "ebbflow_trainer")
+UNSHIPPED = ("ebbflow_sim", "ebbflow_devtools")
 
 
 def modules_of(package: str) -> dict[str, Path]:
@@ -85,12 +92,16 @@ OPERATOR_MODULES = sorted(modules_of("ebbflow_operator"))
         ),
         pytest.param(["ebbflow_api.models"], ["torch", "kopf", "kubernetes"], id="api-models"),
         pytest.param(["ebbflow_api.crd"], ["torch", "kopf", "kubernetes"], id="api-crd"),
-        pytest.param(["ebbflow_api.builders"], ["torch", "kopf", "kubernetes"], id="api-builders"),
+        pytest.param(["ebbflow_devtools.builders"], ["torch", "kopf", "kubernetes"], id="devtools-builders"),
         pytest.param(
             API_MODULES, ["torch", "kopf", "kubernetes", "ebbflow_operator", "ebbflow_trainer"], id="api-all"
         ),
         pytest.param(["ebbflow_operator"], ["torch", "ebbflow_trainer"], id="operator-package"),
-        pytest.param(OPERATOR_MODULES, ["torch", "ebbflow_trainer"], id="operator-all"),
+        pytest.param(
+            OPERATOR_MODULES,
+            ["torch", "ebbflow_trainer", "ebbflow_sim", "ebbflow_devtools", "cryptography"],
+            id="operator-all",
+        ),
         pytest.param(
             ["ebbflow_trainer.config"], ["ebbflow_operator", "kopf", "kubernetes"], id="trainer-config"
         ),
@@ -117,9 +128,7 @@ def test_the_probe_sees_a_forbidden_import() -> None:
 
 
 def test_all_listed_modules_are_covered() -> None:
-    assert {"ebbflow_api", "ebbflow_api.models", "ebbflow_api.crd", "ebbflow_api.builders"} <= set(
-        API_MODULES
-    )
+    assert {"ebbflow_api", "ebbflow_api.models", "ebbflow_api.crd"} <= set(API_MODULES)
     assert {"ebbflow_api.contract", "ebbflow_api.rules"} <= set(API_MODULES)
     assert {"ebbflow_operator.__main__", "ebbflow_operator.handlers", "ebbflow_operator.reconciler"} <= set(
         OPERATOR_MODULES
@@ -323,15 +332,6 @@ DECISION_MODULES = [
     "search",
     "policies",
     "history",
-    # The simulator runs the policies above; it must never reach the Kubernetes I/O layer.
-    "sim",
-    "sim.trace",
-    "sim.cluster",
-    "sim.state",
-    "sim.allocation",
-    "sim.engine",
-    "sim.plots",
-    "sim.cli",
 ]
 if (PACKAGE_DIRS["ebbflow_operator"] / "decide.py").exists():
     DECISION_MODULES.append("decide")
@@ -346,9 +346,10 @@ IMPURE = (
 
 
 def impure_imports(module: str, path: Path) -> list[str]:
+    known = {**modules_of("ebbflow_operator"), **modules_of("ebbflow_sim")}
     return sorted(
         f"{found.target} (line {found.line})"
-        for found in imports_in(module, path, modules_of("ebbflow_operator"))
+        for found in imports_in(module, path, known)
         if any(found.target == name or found.target.startswith(name + ".") for name in IMPURE)
     )
 
@@ -358,6 +359,24 @@ def test_decision_module_imports_no_io(module: str) -> None:
     """Anywhere in the file, function bodies included."""
     name = f"ebbflow_operator.{module}"
     assert impure_imports(name, modules_of("ebbflow_operator")[name]) == []
+
+
+@pytest.mark.parametrize("module", sorted(modules_of("ebbflow_sim")))
+def test_simulator_module_imports_no_io(module: str) -> None:
+    """The simulator runs the operator's policies; it must never reach the Kubernetes I/O layer."""
+    assert impure_imports(module, modules_of("ebbflow_sim")[module]) == []
+
+
+@pytest.mark.parametrize("package", SHIPPED)
+def test_shipped_packages_import_neither_simulator_nor_dev_tools(package: str) -> None:
+    """Anywhere in the file: the images hold api/, operator/ and trainer-image/ only."""
+    found = [
+        f"{module} imports {entry.target} (line {entry.line})"
+        for module, path in modules_of(package).items()
+        for entry in imports_in(module, path, modules_of(package))
+        if entry.target.split(".")[0] in UNSHIPPED
+    ]
+    assert found == []
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,6 @@ from typing import Any
 
 import pytest
 from ebbflow_api import contract, crd
-from ebbflow_api.builders import JobBuilder
 from ebbflow_api.models import (
     Checkpoint,
     ElasticTrainingJob,
@@ -45,12 +44,12 @@ from ebbflow_api.models import (
     rule_violations,
 )
 from ebbflow_api.rules import Rule, violations
+from ebbflow_devtools.builders import JobBuilder
+from ebbflow_devtools.testing.trainer_config import VALID_ENVIRONMENT
 from ebbflow_trainer.config import ConfigError, from_environment
 
-from tests.trainer_config import VALID_ENVIRONMENT
-
 REPO = Path(__file__).resolve().parents[2]
-SOURCE_ROOTS = ("api", "operator", "trainer-image", "bench")
+SOURCE_ROOTS = ("api", "operator", "trainer-image", "sim", "devtools", "bench")
 MODELS = "api/ebbflow_api/models.py"
 SKIPPED_PARTS = {".venv", "build", "dist", "__pycache__"}
 

@@ -50,11 +50,6 @@ from ebbflow_trainer.termination import write_termination_message
 
 EXIT_REFORM = 75
 log = logging.getLogger("ebbflow_trainer.worker")
-# What a new world's workers log (rank 0 also the steps lost, then its first step's pause); the demo
-# and the e2e tier read these lines from the pods' logs (ebbflow_operator.devcluster.trainer_logs).
-RESUMES_LOG = "generation %s: rank %s of %s resumes at step %s from %s%s"
-RESUMED_LOG = "generation %s: training resumed after a %.2f s pause"
-FINISHED_LOG = "finished at step %s; model sha256 %s"
 BATCH_LOG = "from step %s the global batch size is %s (was %s): %s samples per virtual node"
 RATE_LOG = "from step %s the compression rate is %s (was %s)"
 
@@ -253,7 +248,7 @@ class Worker:
             steps_lost=lost,
         )
         log.info(
-            RESUMES_LOG,
+            contract.RESUMES_LOG,
             self.world.generation,
             self.world.rank,
             self.world.size,
@@ -320,7 +315,7 @@ class Worker:
                     "resumed", generation=world.generation, step=self.step, pause_seconds=pause
                 )
                 if world.rank == 0:
-                    log.info(RESUMED_LOG, world.generation, pause)
+                    log.info(contract.RESUMED_LOG, world.generation, pause)
             first_step = False
             self.last_step_wall_time = now
             self._evaluate()
@@ -343,7 +338,7 @@ class Worker:
         if world.rank == 0:
             self.write_checkpoint()
             self._report_last_step(force=True)
-            log.info(FINISHED_LOG, self.step, state.model_digest(self.spec.model))
+            log.info(contract.FINISHED_LOG, self.step, state.model_digest(self.spec.model))
         self.journal.write("done", step=self.step, generation=world.generation)
         return contract.EXIT_SUCCESS
 

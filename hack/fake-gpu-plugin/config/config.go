@@ -19,7 +19,7 @@ const GPUResource = "nvidia.com/gpu"
 const sharedSuffix = ".shared"
 
 // Defaults for the fake-only settings (env FAKE_GPU_COUNT, FAKE_GPU_PRODUCT). The product
-// matches the KWOK fake GPU nodes in operator/ebbflow_operator/devcluster/gpunodes.py.
+// matches the KWOK fake GPU nodes in devtools/ebbflow_devtools/gpunodes.py.
 const (
 	DefaultGPUCount = 2
 	DefaultProduct  = "NVIDIA-A100-SXM4-40GB"

@@ -6,9 +6,8 @@ The cases every policy shares (bounds, holds, whole pods per node, priority leve
 from __future__ import annotations
 
 import pytest
+from ebbflow_devtools.builders import NODES4, make_demand
 from ebbflow_operator.allocator import Demand, Packing, PriorityFairShare, most_used_first
-
-from tests.builders import NODES4, make_demand
 
 CASES = [
     pytest.param([make_demand("a", 1, 8)], NODES4, {"a": 8}, id="one job gets its max"),

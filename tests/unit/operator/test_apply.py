@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from ebbflow_api import contract
-from ebbflow_api.builders import JobBuilder
-from ebbflow_api.waiting import wait_for
+from ebbflow_devtools.builders import NOW, JobBuilder, make_job
+from ebbflow_devtools.waiting import wait_for
 from ebbflow_operator import manifests
 from ebbflow_operator.decide import OperatorConfig
 from ebbflow_operator.errors import KubeError
@@ -18,8 +18,6 @@ from ebbflow_operator.metrics import Metrics
 from ebbflow_operator.model import Json, format_time
 from ebbflow_operator.planner import BatchUpdate, BudgetUpdate, Deletion, Event, Plan
 from ebbflow_operator.reconciler import RELIST_SHARE, Reconciler, relist_wait
-
-from tests.builders import NOW, make_job
 
 Call = tuple[str, str]  # (operation, object name; the reason for events)
 

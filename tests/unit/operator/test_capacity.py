@@ -6,11 +6,9 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from ebbflow_api.builders import JobBuilder
+from ebbflow_devtools.builders import JobBuilder, make_job
 from ebbflow_operator.capacity import cluster_capacity, job_may_use, node_usable
 from ebbflow_operator.model import Job, Node, Pod, Taint, Toleration
-
-from tests.builders import make_job
 
 SPOT_TAINT = Taint("ebbflow.dev/spot", "NoSchedule", "true")
 

@@ -7,13 +7,11 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 from ebbflow_api import contract
-from ebbflow_api.builders import JobBuilder
+from ebbflow_devtools.builders import JobBuilder, make_job, make_node, make_rendezvous, make_worker
 from ebbflow_operator.allocator import PriorityFairShare
 from ebbflow_operator.decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
 from ebbflow_operator.model import Job, JobKey, Node, Pod
 from ebbflow_operator.planner import Deletion, Event, Plan
-
-from tests.builders import make_job, make_node, make_rendezvous, make_worker
 
 NOW = 1_000_000.0
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ebbflow_api.builders import JobBuilder
+from ebbflow_devtools.builders import JobBuilder, make_job, make_node, make_worker
 from ebbflow_operator.gpu_memory import job_budget_mib, worker_share_mib
 from ebbflow_operator.model import LABEL_GPU_MEMORY, LABEL_GPU_REPLICAS, Job, Node
-
-from tests.builders import make_job, make_node, make_worker
 
 
 def gpu_node(name: str, memory: str | None = "40960", replicas: str | None = None) -> Node:

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from ebbflow_api.builders import JobBuilder
+from ebbflow_devtools.builders import JobBuilder, make_job, make_node, make_worker
 from ebbflow_operator.allocator import PriorityFairShare
 from ebbflow_operator.history import (
     MAX_LOSSES,
@@ -21,8 +21,6 @@ from ebbflow_operator.history import (
 from ebbflow_operator.model import Node
 from ebbflow_operator.policies import GoodputPolicy, NodeDevices, QualityPolicy, policy_named
 from ebbflow_operator.throughput import Measurement
-
-from tests.builders import make_job, make_node, make_worker
 
 
 def report(step: int, time: str, **fields: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ from typing import Any
 import pydantic
 import pytest
 from ebbflow_api import contract
-from ebbflow_api.builders import JobBuilder
 from ebbflow_api.models import (
     GPU_RESOURCE,
     Batching,
@@ -18,6 +17,7 @@ from ebbflow_api.models import (
     LrScaling,
     Phase,
 )
+from ebbflow_devtools.builders import NOW, JobBuilder, make_job
 from ebbflow_operator import manifests
 from ebbflow_operator.model import (
     SPOT_LABELS,
@@ -31,8 +31,6 @@ from ebbflow_operator.model import (
     parse_progress,
     parse_time,
 )
-
-from tests.builders import NOW, make_job
 
 
 def raw_pod(

@@ -12,11 +12,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from ebbflow_devtools.builders import make_demand
 from ebbflow_operator.allocator import Demand, Packing
 from ebbflow_operator.policies import NodeDevices, SlicedPacking
 from ebbflow_operator.throughput import Placement
-
-from tests.builders import make_demand
 
 SEEDS = range(60)
 

@@ -8,11 +8,9 @@ from typing import Any
 
 import pytest
 from ebbflow_api import contract
-from ebbflow_api.builders import JobBuilder
+from ebbflow_devtools.builders import NOW, JobBuilder, make_job, make_node, make_rendezvous, make_worker
 from ebbflow_operator.model import LABEL_GPU_MEMORY, LABEL_GPU_REPLICAS, Job, Node, Pod, Taint, format_time
 from ebbflow_operator.planner import Observed, Plan, PlannerConfig, plan_job
-
-from tests.builders import NOW, make_job, make_node, make_rendezvous, make_worker
 
 CONFIG = PlannerConfig(pending_timeout=60, hold_seconds=300)
 NODES = {"od-0": make_node("od-0"), "od-1": make_node("od-1"), "spot-0": make_node("spot-0", spot=True)}

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from ebbflow_api import contract
-from ebbflow_api.builders import JobBuilder
 from ebbflow_api.models import Phase
+from ebbflow_devtools.builders import NOW, JobBuilder, make_job, make_node, make_rendezvous, make_worker
 from ebbflow_operator.model import LABEL_GPU_MEMORY, LABEL_GPU_REPLICAS, Job, Node, Pod, Taint, format_time
 from ebbflow_operator.planner import (
     Deletion,
@@ -49,8 +49,6 @@ from ebbflow_operator.planner import (
     victims,
 )
 from ebbflow_operator.status import FAILED, PREEMPTED, READY, SCHEDULABLE, SUCCEEDED, ConditionUpdate
-
-from tests.builders import NOW, make_job, make_node, make_rendezvous, make_worker
 
 CONFIG = PlannerConfig(pending_timeout=60, hold_seconds=300)
 EVICTING = Taint("ebbflow.dev/spot-termination", "NoExecute", "true")

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import pytest
+from ebbflow_devtools.builders import NODES4, make_demand
 from ebbflow_operator.allocator import Demand, Policy, PriorityFairShare
 from ebbflow_operator.loss_curve import LossCurve
 from ebbflow_operator.policies import (
@@ -22,8 +23,6 @@ from ebbflow_operator.policies import (
     virtual_node_breakpoints,
 )
 from ebbflow_operator.throughput import JobModel, Measurement, Placement, ThroughputParams
-
-from tests.builders import NODES4, make_demand
 
 NOW = 100_000.0
 SCALES_WELL = ThroughputParams(0.01, 0.002, 0.002, 0.0005, 0.01, 0.001, 3.0)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from ebbflow_devtools.testing.simulated_world import step_world
+from ebbflow_devtools.testing.trainer_config import trainer_config
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.buckets import FIRST_BUCKET_BYTES, Bucket, plan_buckets
 from ebbflow_trainer.engine import VirtualNodeEngine, WorldOfOne
 from torch.utils.data import TensorDataset
-
-from tests.simulated_world import step_world
-from tests.trainer_config import trainer_config
 
 MiB = 2**20
 

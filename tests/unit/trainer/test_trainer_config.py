@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 from ebbflow_api import contract
 from ebbflow_api.models import ElasticTrainingJobSpec
+from ebbflow_devtools.testing.trainer_config import VALID_ENVIRONMENT
 from ebbflow_trainer.__main__ import _check_checkpoint_path, main
 from ebbflow_trainer.config import ConfigError, TrainerConfig, from_environment
-
-from tests.trainer_config import VALID_ENVIRONMENT
 
 VALID = VALID_ENVIRONMENT
 

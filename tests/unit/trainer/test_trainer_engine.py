@@ -7,14 +7,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from ebbflow_devtools.testing.simulated_world import combine_rows, reduce_world, step_world
+from ebbflow_devtools.testing.trainer_config import trainer_config
 from ebbflow_trainer import state
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.config import ROW_TABLE_LIMIT
 from ebbflow_trainer.engine import VirtualNodeEngine
 from torch.utils.data import TensorDataset
-
-from tests.simulated_world import combine_rows, reduce_world, step_world
-from tests.trainer_config import trainer_config
 
 V, B = 4, 16
 

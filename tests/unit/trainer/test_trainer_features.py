@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from ebbflow_api import contract
 from ebbflow_api.models import ElasticTrainingJobStatus
+from ebbflow_devtools.testing.simulated_world import combine_rows, step_world
+from ebbflow_devtools.testing.trainer_config import VALID_ENVIRONMENT, trainer_config
 from ebbflow_operator.model import parse_progress
 from ebbflow_trainer import metrics, state
 from ebbflow_trainer.__main__ import main
@@ -28,9 +30,6 @@ from ebbflow_trainer.evaluation import Evaluation
 from ebbflow_trainer.sharding import DataPosition, virtual_node_indices
 from ebbflow_trainer.update import LossScaler
 from torch.utils.data import Dataset, TensorDataset
-
-from tests.simulated_world import combine_rows, step_world
-from tests.trainer_config import VALID_ENVIRONMENT, trainer_config
 
 V, B = 4, 16
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]

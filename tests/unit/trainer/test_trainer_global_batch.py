@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from ebbflow_api import contract
+from ebbflow_devtools.testing.simulated_world import step_world
+from ebbflow_devtools.testing.trainer_config import VALID_ENVIRONMENT, trainer_config
 from ebbflow_trainer import global_batch, projected, state
 from ebbflow_trainer.__main__ import main
 from ebbflow_trainer.api import TrainingSpec
@@ -23,9 +25,6 @@ from ebbflow_trainer.global_batch import Request, RequestFile, requested_batch
 from ebbflow_trainer.lr_scaling import adascale_gain
 from ebbflow_trainer.sharding import DataPosition, derived_seed, virtual_node_indices
 from torch.utils.data import TensorDataset
-
-from tests.simulated_world import step_world
-from tests.trainer_config import VALID_ENVIRONMENT, trainer_config
 
 V, B, MAX = 4, 16, 32
 DIGITS = str(Path(__file__).resolve().parents[3] / "examples" / "digits" / "train.py")

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 from ebbflow_api import contract
+from ebbflow_devtools.testing.simulated_world import step_world
+from ebbflow_devtools.testing.trainer_config import VALID_ENVIRONMENT, trainer_config
 from ebbflow_trainer import projected, state
 from ebbflow_trainer.__main__ import main
 from ebbflow_trainer.api import load_spec
@@ -30,9 +32,6 @@ from ebbflow_trainer.memory_budget import (
     smallest_fitting_rate,
 )
 from torch import nn
-
-from tests.simulated_world import step_world
-from tests.trainer_config import VALID_ENVIRONMENT, trainer_config
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "digits_cnn" / "train.py"
 V = 4

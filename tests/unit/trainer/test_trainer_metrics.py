@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 from ebbflow_api import contract
+from ebbflow_devtools.testing.trainer_config import trainer_config
 from ebbflow_trainer import metrics
-
-from tests.trainer_config import trainer_config
 
 SHAPE = metrics.StepShape(world_size=2, micro_batch=8, micro_batches=3, step_seconds=1.0, compute_seconds=0.6)
 

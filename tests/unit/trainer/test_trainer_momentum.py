@@ -11,6 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from ebbflow_api import contract
+from ebbflow_devtools.testing.simulated_world import step_world
+from ebbflow_devtools.testing.trainer_config import VALID_ENVIRONMENT, trainer_config
 from ebbflow_trainer.__main__ import main
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.config import ConfigError, from_environment
@@ -22,9 +24,6 @@ from ebbflow_trainer.lr_scaling import (
     momentum_lr_multiplier,
 )
 from torch.utils.data import TensorDataset
-
-from tests.simulated_world import step_world
-from tests.trainer_config import VALID_ENVIRONMENT, trainer_config
 
 
 @pytest.mark.parametrize(

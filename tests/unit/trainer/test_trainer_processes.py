@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 from ebbflow_api import contract
+from ebbflow_devtools.testing.trainer_config import VALID_ENVIRONMENT, trainer_config
 from ebbflow_trainer import state
 from ebbflow_trainer.config import ConfigError, TrainerConfig, from_environment
 from ebbflow_trainer.data import to_device
 from ebbflow_trainer.launcher import Markers
 from ebbflow_trainer.worker import resolve_backend, training_device
-
-from tests.trainer_config import VALID_ENVIRONMENT, trainer_config
 
 # VALID_ENVIRONMENT: max 4 replicas, V=8, B=64.
 

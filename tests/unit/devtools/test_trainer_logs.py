@@ -1,11 +1,11 @@
 """Reading the trainers' world lines back: the formats the trainer logs (rendered here from its own
-format strings) are what `devcluster.trainer_logs` parses."""
+format strings, declared in `ebbflow_api.contract`) are what `ebbflow_devtools.trainer_logs` parses."""
 
 from __future__ import annotations
 
 import pytest
-from ebbflow_operator.devcluster.trainer_logs import Resumption, World, finished, resumptions, worlds
-from ebbflow_trainer.worker import FINISHED_LOG, RESUMED_LOG, RESUMES_LOG
+from ebbflow_api.contract import FINISHED_LOG, RESUMED_LOG, RESUMES_LOG
+from ebbflow_devtools.trainer_logs import Resumption, World, finished, resumptions, worlds
 
 
 def resumes(generation: int, rank: int, size: int, step: int, source: str, lost: int | None) -> str:

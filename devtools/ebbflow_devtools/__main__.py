@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from ebbflow_operator.devcluster.controlplane import REPO_ROOT, ControlPlaneError, start_control_plane
+from ebbflow_devtools.controlplane import REPO_ROOT, ControlPlaneError, start_control_plane
 
 DEFAULT_WORKDIR = REPO_ROOT / ".cluster"
 READY_FILE = "ready"
@@ -63,7 +63,7 @@ def up(workdir: Path, argv: list[str], timeout: float = 120.0) -> int:
     log_path = workdir / "supervisor.log"
     with log_path.open("wb") as log:
         supervisor = subprocess.Popen(
-            [sys.executable, "-m", "ebbflow_operator.devcluster", *argv, "--foreground"],
+            [sys.executable, "-m", "ebbflow_devtools", *argv, "--foreground"],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -111,7 +111,7 @@ def serve(workdir: Path, nodes: int, spot_nodes: int, gpus: int, replicas: int) 
     """Runs the cluster in this process until SIGTERM or SIGINT; the children die with it."""
     from kubernetes import client, config
 
-    from ebbflow_operator.devcluster.gpunodes import GpuNodeTemplate, create_gpu_nodes
+    from ebbflow_devtools.gpunodes import GpuNodeTemplate, create_gpu_nodes
 
     workdir.mkdir(parents=True, exist_ok=True)
     for name in STATE:

@@ -1,7 +1,6 @@
 """`wait_for`: poll a condition until it holds, for the dev cluster, the benchmarks and every test tier.
 
-Standard library only: the operator's devcluster, the benchmarks and the trainer tests all have the
-api distribution, and none of them may need more than it to wait for something.
+Standard library only, so that waiting for something never needs more than it.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ T = TypeVar("T")
 _SHOWN = 300  # characters of the last value shown in a timeout message
 
 
-def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
+def wait_for(condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1) -> T:
     """Poll `condition` every `interval` seconds until it returns something truthy, and return that.
 
     An exception from `condition` counts as "not yet" (an API server restarting, a file caught

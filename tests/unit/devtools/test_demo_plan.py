@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from ebbflow_operator.devcluster.demo_plan import Action, Plan, Snapshot, Stage, node_to_take, progress_line
+from ebbflow_devtools.demo_plan import Action, Plan, Snapshot, Stage, node_to_take, progress_line
 
 PLAN = Plan(steps=1000, full=3, away_at=0.25, back_after=150)
 BASE = Snapshot(

@@ -7,6 +7,7 @@ so killing the launcher's process group alone would leave the worker running).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -23,14 +24,15 @@ from typing import Any
 import pytest
 import torch
 from ebbflow_api import contract
-from ebbflow_api.waiting import wait_for
 from ebbflow_trainer import state
+
+from ebbflow_devtools.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = str(REPO / "examples" / "digits" / "train.py")
 # The digits example, held while a file exists (tests/trainer/held_digits.py): trains the same bits.
 HELD_DIGITS = str(Path(__file__).resolve().parent / "held_digits.py")
-# The launcher command the zygote (tests/trainer/zygote.py) forks instead of executing.
+# The launcher command the zygote (devtools/ebbflow_devtools/testing/zygote.py) forks instead of executing.
 EBBFLOW_TRAIN = (sys.executable, "-m", "ebbflow_trainer")
 # What torch elastic's agent logs when it stops its workers, here to admit a waiting node.
 AGENT_STOPS_WORKERS = "via signal SIGTERM"
@@ -85,9 +87,7 @@ class Node:
                 os.kill(pid, signal.SIGKILL)
         self.process.wait(timeout=30)
         for pid in tree[1:]:
-            wait_for(
-                lambda pid=pid: not Path(f"/proc/{pid}").exists() or _is_zombie(pid), 30, f"pid {pid} to die"
-            )
+            wait_for(functools.partial(_is_gone, pid), 30, f"pid {pid} to die")
 
     def terminate(self) -> None:
         """What a pod deletion does first: SIGTERM to the container's main process."""
@@ -101,9 +101,13 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
+def _is_gone(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists() or _is_zombie(pid)
+
+
 class ZygoteProcess:
-    """A process the zygote forked (tests/trainer/zygote.py), with the part of `subprocess.Popen`'s
-    interface the tier uses. Its exit status comes from the zygote, which reaps it."""
+    """A process the zygote forked (`zygote.py` beside this module), with the part of
+    `subprocess.Popen`'s interface the tier uses. Its exit status comes from the zygote, which reaps it."""
 
     def __init__(self, zygote: Zygote, pid: int) -> None:
         self._zygote = zygote
@@ -149,7 +153,7 @@ class Zygote:
     def __init__(self) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "tests.trainer.zygote"],
+            [sys.executable, "-m", "ebbflow_devtools.testing.zygote"],
             cwd=REPO,
             env=env,
             stdin=subprocess.PIPE,
@@ -348,6 +352,19 @@ class Job:
             except subprocess.TimeoutExpired:
                 raise AssertionError(f"{node.name} still running; log:\n{self.diagnose()}") from None
         return codes
+
+    def wait_for_world(self, node: Node, size: int, min_step: int, timeout: float = 300) -> dict[str, Any]:
+        """`node`'s latest step record once it trains in a world of `size` at `min_step` or later; on
+        timeout, the error carries the job's diagnosis."""
+
+        def reached() -> dict[str, Any] | None:
+            last = node.last_step()
+            return last if last and last["world"] == size and last["step"] >= min_step else None
+
+        try:
+            return wait_for(reached, timeout, f"{node.name} to train at world size {size}")
+        except TimeoutError as error:
+            raise TimeoutError(f"{error}\n{self.diagnose()}") from None
 
     def final_checkpoint(self) -> dict[str, Any]:
         found = state.read(self.checkpoint_dir / state.CHECKPOINT_FILE)

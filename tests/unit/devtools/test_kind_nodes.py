@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ebbflow_operator.devcluster.kind import daemons_not_ready
+from ebbflow_devtools.kind import daemons_not_ready
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The simulator (`ebbflow_operator.sim`): exact outcomes of small scenarios, determinism, CSV, flags."""
+"""The simulator (`ebbflow_sim`): exact outcomes of small scenarios, determinism, CSV, flags."""
 
 from __future__ import annotations
 
@@ -8,15 +8,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from ebbflow_operator.sim import cli
-from ebbflow_operator.sim.allocation import Placer, metrics
-from ebbflow_operator.sim.cluster import ClusterConfig, GpuType, initial_nodes, node_type, replacement
-from ebbflow_operator.sim.engine import SimConfig, Simulation
-from ebbflow_operator.sim.state import JobState
-from ebbflow_operator.sim.trace import SimJob, TraceConfig, generate, read_csv, write_csv
+from ebbflow_devtools.builders import make_demand
 from ebbflow_operator.throughput import Placement
-
-from tests.builders import make_demand
+from ebbflow_sim import cli
+from ebbflow_sim.allocation import Placer, metrics
+from ebbflow_sim.cluster import ClusterConfig, GpuType, initial_nodes, node_type, replacement
+from ebbflow_sim.engine import SimConfig, Simulation
+from ebbflow_sim.state import JobState
+from ebbflow_sim.trace import SimJob, TraceConfig, generate, read_csv, write_csv
 
 
 def job(name: str = "a", arrival: float = 0.0, lo: int = 1, hi: int = 4, seconds: float = 1000.0) -> SimJob:

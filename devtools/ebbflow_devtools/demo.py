@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
+from ebbflow_operator.manifests import rendezvous_name
 
-from ebbflow_operator.devcluster import demo_plan, trainer_logs
-from ebbflow_operator.devcluster.demo_plan import Action, Plan, Snapshot, Stage
-from ebbflow_operator.devcluster.kind import (
+from ebbflow_devtools import demo_plan, trainer_logs
+from ebbflow_devtools.demo_plan import Action, Plan, Snapshot, Stage
+from ebbflow_devtools.kind import (
     DEMO_NAMESPACE,
     KUBECONFIG,
     PROMETHEUS_NAMESPACE,
@@ -40,10 +41,9 @@ from ebbflow_operator.devcluster.kind import (
     KindError,
     set_up,
 )
-from ebbflow_operator.manifests import rendezvous_name
 
 NAMESPACE = DEMO_NAMESPACE
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = EXAMPLES / "jobs" / "digits.yaml"
 POLL_S = 1.0
 

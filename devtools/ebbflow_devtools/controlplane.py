@@ -33,7 +33,7 @@ from typing import IO, Any
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TOOLS_BIN = Path(os.environ.get("EBBFLOW_TOOLS_BIN", REPO_ROOT / ".tools" / "bin"))
 STAGES_DIR = Path(__file__).parent / "stages"
 REQUIRED_TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")

@@ -6,7 +6,7 @@ Everything goes through the same command-line tools a user runs (`kubectl`, `kin
 scripts under hack/), with the tools from .tools/bin and hack/kind/bin's docker shim on PATH.
 A failing command raises `KindError` with its stderr; nothing here retries.
 
-`python -m ebbflow_operator.devcluster.kind` sets the e2e cluster up as the e2e fixture does (CI
+`python -m ebbflow_devtools.kind` sets the e2e cluster up as the e2e fixture does (CI
 does it beside the other tiers, hack/ci-prepare-e2e.sh); the fixture's own call then takes seconds.
 """
 
@@ -23,9 +23,10 @@ from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from ebbflow_api.contract import API_GROUP
-from ebbflow_api.waiting import wait_for
 
-REPO = Path(__file__).resolve().parents[3]
+from ebbflow_devtools.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / ".tools" / "bin"
 KUBECONFIG = REPO / ".cluster" / "kind-kubeconfig"
 CLUSTER = "ebbflow"

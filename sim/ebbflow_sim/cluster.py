@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ..policies import NodeDevices
+from ebbflow_operator.policies import NodeDevices
 
 GOLDEN = 0.6180339887498949  # spreads types over node indexes evenly and independently of spot
 

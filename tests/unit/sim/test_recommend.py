@@ -7,7 +7,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from ebbflow_operator.recommend import (
+from ebbflow_operator.throughput import (
+    Measurement,
+    Placement,
+    ThroughputParams,
+    busiest_fraction,
+    step_shape,
+)
+from ebbflow_sim.cli import main as sim_main
+from ebbflow_sim.recommend import (
     Goal,
     Offer,
     Option,
@@ -16,14 +24,6 @@ from ebbflow_operator.recommend import (
     held_out_errors,
     options,
     predict,
-)
-from ebbflow_operator.sim.cli import main as sim_main
-from ebbflow_operator.throughput import (
-    Measurement,
-    Placement,
-    ThroughputParams,
-    busiest_fraction,
-    step_shape,
 )
 
 TRUE = ThroughputParams(alpha_c=0.004, beta_c=0.002, alpha_local=0.01, beta_local=0.002,

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from ebbflow_operator.devcluster.controlplane import (
+from ebbflow_devtools.controlplane import (
     MAX_NODE_LEASE_SECONDS,
     NODE_MONITOR_GRACE_SECONDS,
     node_monitor_grace,

@@ -12,10 +12,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ebbflow_api.waiting import wait_for
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
 from ebbflow_operator.model import (
     GPU_RESOURCE,
     LABEL_GPU_COUNT,
@@ -23,6 +19,10 @@ from ebbflow_operator.model import (
     LABEL_GPU_PRODUCT,
     LABEL_GPU_REPLICAS,
 )
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from ebbflow_devtools.waiting import wait_for
 
 LABEL_GPU_SHARING = "nvidia.com/gpu.sharing-strategy"
 LABEL_SPOT = "karpenter.sh/capacity-type"  # the de-facto capacity-type label (Karpenter)
@@ -32,7 +32,7 @@ TAINT_SPOT = "ebbflow.dev/spot"
 TAINT_SPOT_TERMINATION = "ebbflow.dev/spot-termination"
 CONDITION_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-# Test-only: KWOK's pod-exit stage terminates a running pod with this exit code (devcluster/stages),
+# Test-only: KWOK's pod-exit stage terminates a running pod with this exit code (stages/ beside this module),
 # and copies the optional message annotation into state.terminated.message, as the kubelet copies
 # what a trainer wrote to its terminationMessagePath.
 FAKE_EXIT_CODE_ANNOTATION = "ebbflow.dev/fake-exit-code"

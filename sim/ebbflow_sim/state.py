@@ -16,8 +16,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from ..allocator import most_used_first
-from ..throughput import Measurement, Placement, slowdown, step_shape
+from ebbflow_operator.allocator import most_used_first
+from ebbflow_operator.throughput import Measurement, Placement, slowdown, step_shape
+
 from .trace import SimJob
 
 REPORT_GROWTH = 1.25  # next loss report when the step count has grown by this factor

@@ -1,11 +1,10 @@
 """What the trainers say about each world they form, read back from their pods' logs.
 
-Every worker of a new world logs where it resumed (`ebbflow_trainer.worker.RESUMES_LOG`); rank 0
-adds the steps the world lost and, after its first step, the pause since the previous world's last
-step (`RESUMED_LOG`), and at the end a digest of the model (`FINISHED_LOG`). The demo and the e2e
-tier use these lines to report rescales as the trainers saw them, not as pod phases suggest. Pure:
-text in, records out (the operator never imports the trainer, so the formats are matched here and
-kept in sync by a unit test that renders them).
+Every worker of a new world logs where it resumed (`contract.RESUMES_LOG`); rank 0 adds the steps
+the world lost and, after its first step, the pause since the previous world's last step
+(`RESUMED_LOG`), and at the end a digest of the model (`FINISHED_LOG`). The demo and the e2e tier use
+these lines to report rescales as the trainers saw them, not as pod phases suggest. Pure: text in,
+records out, with the patterns declared beside the formats in `ebbflow_api.contract`.
 """
 
 from __future__ import annotations
@@ -14,11 +13,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-_RESUMES = re.compile(
-    r"generation (\d+): rank (\d+) of (\d+) resumes at step (\d+) from (\w+)(?:, (\d+) step\(s\) lost)?"
-)
-_RESUMED = re.compile(r"generation (\d+): training resumed after a ([\d.]+) s pause")
-_FINISHED = re.compile(r"finished at step (\d+); model sha256 ([0-9a-f]{64})")
+from ebbflow_api import contract
+
+_RESUMES = re.compile(contract.RESUMES_PATTERN)
+_RESUMED = re.compile(contract.RESUMED_PATTERN)
+_FINISHED = re.compile(contract.FINISHED_PATTERN)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from .throughput import Measurement, Placement, ThroughputParams, compute_speeds, fit, step_shape
+from ebbflow_operator.throughput import (
+    Measurement,
+    Placement,
+    ThroughputParams,
+    compute_speeds,
+    fit,
+    step_shape,
+)
 
 
 @dataclass(frozen=True)

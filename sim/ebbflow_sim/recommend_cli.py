@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from ..recommend import Goal, Offer, Option, choose, fit_model, held_out_errors, options
-from ..throughput import Measurement
+from ebbflow_operator.throughput import Measurement
+
+from .recommend import Goal, Offer, Option, choose, fit_model, held_out_errors, options
 
 T = TypeVar("T")
 MEASUREMENT_COLUMNS = (

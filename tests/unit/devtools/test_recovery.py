@@ -1,11 +1,11 @@
-"""Recovery figures from trainers' journals (devcluster/recovery.py), for both systems' record formats."""
+"""Recovery figures from trainers' journals (ebbflow_devtools.recovery), for both systems' record formats."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from ebbflow_operator.devcluster.recovery import Recovery, ebbflow_timeline, recovery, torchrun_timeline
+from ebbflow_devtools.recovery import Recovery, ebbflow_timeline, recovery, torchrun_timeline
 
 
 def generation(

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .. import policies
-from ..allocator import Demand, Packing, Policy
-from ..model import JobKey
-from ..policies import JobMetrics, NodeDevices, SlicedPacking, policy_named
+from ebbflow_operator import policies
+from ebbflow_operator.allocator import Demand, Packing, Policy
+from ebbflow_operator.model import JobKey
+from ebbflow_operator.policies import JobMetrics, NodeDevices, SlicedPacking, policy_named
+
 from .state import JobState
 
 NAMESPACE = "sim"

@@ -1,0 +1,1 @@
+"""Test harnesses shared by the test tiers and the benchmarks: real trainer processes on one machine."""
