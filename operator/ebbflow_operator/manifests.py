@@ -57,19 +57,9 @@ def rendezvous_host(job: str, namespace: str) -> str:
     return f"{rendezvous_name(job)}.{service_name(job)}.{namespace}.svc"
 
 
-def legacy_rendezvous_service_name(job: str) -> str:
-    """The ClusterIP Service in front of the store that operators before 2026-11-26 created."""
-    return rendezvous_name(job)
-
-
-def rendezvous_endpoint(job: Job, legacy_service: bool = False) -> str:
-    """host:port of the store for new workers. A job started by an older operator (`legacy_service`:
-    its ClusterIP Service is there) keeps that Service's name, so old and new workers share one."""
-    if legacy_service:
-        host = f"{legacy_rendezvous_service_name(job.name)}.{job.namespace}.svc"
-    else:
-        host = rendezvous_host(job.name, job.namespace)
-    return f"{host}:{job.spec.rendezvous.port}"
+def rendezvous_endpoint(job: Job) -> str:
+    """host:port of the store for the job's workers."""
+    return f"{rendezvous_host(job.name, job.namespace)}:{job.spec.rendezvous.port}"
 
 
 def worker_selector(job: str) -> str:
@@ -92,7 +82,7 @@ def _labels(job: Job, role: str) -> dict[str, str]:
     return {contract.LABEL_JOB_NAME: job.name, contract.LABEL_ROLE: role}
 
 
-def _env(job: Job, world_generation: int, container: Json, legacy_service: bool) -> list[Json]:
+def _env(job: Job, world_generation: int, container: Json) -> list[Json]:
     """The contract's variables for one container of a worker (the termination message path is
     the container's own)."""
     spec = job.spec
@@ -100,7 +90,7 @@ def _env(job: Job, world_generation: int, container: Json, legacy_service: bool)
     values = {
         contract.ENV_JOB_NAME: job.name,
         contract.ENV_NAMESPACE: job.namespace,
-        contract.ENV_RDZV_ENDPOINT: rendezvous_endpoint(job, legacy_service),
+        contract.ENV_RDZV_ENDPOINT: rendezvous_endpoint(job),
         contract.ENV_RDZV_ID: job.uid,
         contract.ENV_RDZV_JOIN_TIMEOUT_SECONDS: spec.rendezvous.join_timeout_seconds,
         contract.ENV_MIN_REPLICAS: spec.replicas.min,
@@ -179,7 +169,6 @@ def worker_pod(
     global_batch: int | None = None,
     node: str | None = None,
     memory_budget: int | None = None,
-    legacy_rendezvous_service: bool = False,
 ) -> Json:
     """A worker: the job's template plus the contract's labels, annotations and environment; with
     `node`, required to run there (`pin_to_node`: it replaces workers moved onto that node).
@@ -190,13 +179,12 @@ def worker_pod(
     spec.maxGlobalBatchSize the pod carries `global_batch` (default: `global_batch_in_use`) in its
     annotation, projected into the file the trainer reads. With spec.bandLimit it carries
     `memory_budget` (MiB; none while the job's budget is unknown) the same way.
-    `legacy_rendezvous_service`: see `rendezvous_endpoint`.
     """
     template = job.spec.template.to_json()
     metadata: Json = template.get("metadata") or {}
     spec: Json = template["spec"]
     for container in spec["containers"]:
-        env = _env(job, world_generation, container, legacy_rendezvous_service)
+        env = _env(job, world_generation, container)
         contract_names = {e["name"] for e in env}
         kept = [e for e in container.get("env") or [] if e.get("name") not in contract_names]
         container["env"] = kept + env

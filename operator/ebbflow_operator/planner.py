@@ -137,7 +137,6 @@ class Plan:
     delete: tuple[Deletion, ...] = ()
     create_rendezvous_pod: bool = False
     create_service: bool = False
-    legacy_rendezvous_service: bool = False  # new workers use it (a job of an older operator)
     create_network_policy: bool = False
     status_patch: Json = field(default_factory=dict)
     events: tuple[Event, ...] = ()
@@ -271,7 +270,6 @@ class Support:
     delete: tuple[Deletion, ...] = ()
     create_rendezvous_pod: bool = False
     create_service: bool = False
-    legacy_rendezvous_service: bool = False
     create_network_policy: bool = False
 
 
@@ -332,7 +330,6 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         delete=delete,
         create_rendezvous_pod=support.create_rendezvous_pod,
         create_service=support.create_service,
-        legacy_rendezvous_service=support.legacy_rendezvous_service,
         create_network_policy=support.create_network_policy,
         status_patch=merge_patch(job.status.to_json(), update.status),
         events=update.report.events + batch.report.events + budget.report.events,
@@ -634,7 +631,6 @@ def rendezvous_and_services(job: Job, observed: Observed, ended: bool) -> Suppor
         delete=tuple(Deletion(p.name, p.uid, 0, "rendezvous ended", runs_nowhere=True) for p in gone),
         create_rendezvous_pod=not pods and name not in {p.name for p in observed.pods},
         create_service=manifests.service_name(job.name) not in observed.services,
-        legacy_rendezvous_service=manifests.legacy_rendezvous_service_name(job.name) in observed.services,
         create_network_policy=manifests.network_policy_name(job.name) not in observed.network_policies,
     )
 

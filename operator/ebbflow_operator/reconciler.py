@@ -333,7 +333,6 @@ class Reconciler:
                         global_batch=plan.global_batch,
                         node=plan.pin_node,
                         memory_budget=plan.memory_budget,
-                        legacy_rendezvous_service=plan.legacy_rendezvous_service,
                     ),
                 ),
                 pods,

@@ -16,36 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
-from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
+from ebbflow_devtools.testing.held_digits import DIGITS, Held
 from ebbflow_trainer import LossScaling, TrainingSpec
 from ebbflow_trainer.api import load_spec
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import TensorDataset
 
-DIGITS = str(Path(__file__).resolve().parents[2] / "examples" / "digits" / "train.py")
 STEPS = 80
 EVAL_EVERY = 10
 CLIP = 1.0
-
-
-class Held(Dataset[Any]):
-    """``base``, except that reading a sample waits while the file ``hold`` exists."""
-
-    def __init__(self, base: TensorDataset, hold: str):
-        self.base = base
-        self.hold = hold
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def __getitem__(self, index: int) -> Any:
-        while os.path.exists(self.hold):
-            time.sleep(0.05)
-        return self.base[index]
 
 
 def build() -> TrainingSpec:

@@ -28,11 +28,11 @@ from ebbflow_trainer import state
 
 from ebbflow_devtools.waiting import wait_for
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DIGITS = str(REPO / "examples" / "digits" / "train.py")
-# The digits example, held while a file exists (tests/trainer/held_digits.py): trains the same bits.
+# The digits example, held while a file exists (`held_digits.py` beside this module): the same bits.
 HELD_DIGITS = str(Path(__file__).resolve().parent / "held_digits.py")
-# The launcher command the zygote (devtools/ebbflow_devtools/testing/zygote.py) forks instead of executing.
+# The launcher command the zygote (`zygote.py` beside this module) forks instead of executing.
 EBBFLOW_TRAIN = (sys.executable, "-m", "ebbflow_trainer")
 # What torch elastic's agent logs when it stops its workers, here to admit a waiting node.
 AGENT_STOPS_WORKERS = "via signal SIGTERM"

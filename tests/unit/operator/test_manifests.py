@@ -739,10 +739,8 @@ def test_job_service(builder: JobBuilder, port: int) -> None:
     # The workers' endpoint is the rendezvous pod's name under this Service, never a worker's.
     assert rendezvous["spec"]["hostname"] == "j-rdzv" != worker["spec"]["hostname"]
     assert manifests.rendezvous_endpoint(job) == f"j-rdzv.j-pods.{job.namespace}.svc:{port}"
-    # A job an older operator started keeps its ClusterIP Service's name for new workers too.
-    legacy = manifests.worker_pod(job, 1, world_generation=2, legacy_rendezvous_service=True)
-    env = {e["name"]: e.get("value") for e in legacy["spec"]["containers"][0]["env"]}
-    assert env[contract.ENV_RDZV_ENDPOINT] == f"j-rdzv.{job.namespace}.svc:{port}"
+    env = {e["name"]: e.get("value") for e in worker["spec"]["containers"][0]["env"]}
+    assert env[contract.ENV_RDZV_ENDPOINT] == manifests.rendezvous_endpoint(job)
 
 
 def test_network_policy_admits_only_the_jobs_pods_but_the_metrics_port() -> None:

@@ -831,12 +831,7 @@ BOTH = frozenset({"j-pods"})  # the job's Service is there
         pytest.param([RDZV], BOTH, False, "Running", {}, id="steady"),
         pytest.param([], frozenset(), False, "Running", {"create": True, "service": True}, id="new"),
         pytest.param(
-            [RDZV],
-            frozenset({"j-rdzv", "j-workers"}),
-            False,
-            "Running",
-            {"service": True, "legacy": True},
-            id="services-of-an-older-operator",
+            [RDZV], frozenset({"j-rdzv"}), False, "Running", {"service": True}, id="another-service-only"
         ),
         pytest.param(
             [replace(RDZV, phase="Failed")],
@@ -888,8 +883,7 @@ def test_rendezvous_and_services(
         "delete": [d.reason for d in support.delete],
         "create": support.create_rendezvous_pod,
         "service": support.create_service,
-        "legacy": support.legacy_rendezvous_service,
-    } == {"delete": [], "create": False, "service": False, "legacy": False, **expected}
+    } == {"delete": [], "create": False, "service": False, **expected}
     assert all((d.name, d.grace_seconds) == ("j-rdzv", 0) for d in support.delete)
 
 
