@@ -60,9 +60,9 @@ from ebbflow_devtools.gpunodes import (
     evict_pod,
 )
 from ebbflow_devtools.waiting import wait_for
-from ebbflow_operator.allocator import PriorityFairShare
-from ebbflow_operator.decide import OperatorConfig, decide
-from ebbflow_operator.model import parse_job, parse_node, parse_pod
+from ebbflow_operator.decision.allocator import PriorityFairShare
+from ebbflow_operator.decision.decide import OperatorConfig, decide
+from ebbflow_operator.decision.model import parse_job, parse_node, parse_pod
 from kubernetes import client, config
 
 REPO = Path(__file__).resolve().parents[1]

@@ -37,12 +37,12 @@ from typing import Any
 
 from ebbflow_api import contract
 from ebbflow_devtools.builders import NOW, JobBuilder, make_job, make_node, make_rendezvous, make_worker
-from ebbflow_operator import manifests
-from ebbflow_operator.allocator import Policy
-from ebbflow_operator.decide import OperatorConfig, decide
-from ebbflow_operator.history import node_devices
-from ebbflow_operator.model import Job, JobKey, Node, Pod
+from ebbflow_operator.decision import manifests
+from ebbflow_operator.decision.allocator import Policy
+from ebbflow_operator.decision.decide import OperatorConfig, decide
+from ebbflow_operator.decision.model import Job, JobKey, Node, Pod
 from ebbflow_operator.policies import POLICIES, policy_named
+from ebbflow_operator.policies.history import node_devices
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from ebbflow_devtools.builders import NOW, JobBuilder, make_job, make_node, make_rendezvous, make_worker
-from ebbflow_operator.allocator import PriorityFairShare
-from ebbflow_operator.decide import OperatorConfig, decide
-from ebbflow_operator.model import Job, Node, Pod
-from ebbflow_operator.planner import Plan
+from ebbflow_operator.decision.allocator import PriorityFairShare
+from ebbflow_operator.decision.decide import OperatorConfig, decide
+from ebbflow_operator.decision.model import Job, Node, Pod
+from ebbflow_operator.decision.planner import Plan
 
 from bench.decide_scale import GPUS_PER_NODE, MAX, MIN, children
 

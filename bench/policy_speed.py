@@ -17,11 +17,11 @@ import statistics
 import time
 from pathlib import Path
 
-from ebbflow_operator.allocator import Demand, Policy, PriorityFairShare
-from ebbflow_operator.loss_curve import LossCurve
-from ebbflow_operator.model import JobKey
+from ebbflow_operator.decision.allocator import Demand, Policy, PriorityFairShare
+from ebbflow_operator.decision.model import JobKey
 from ebbflow_operator.policies import GoodputPolicy, JobMetrics, NodeDevices, QualityPolicy
-from ebbflow_operator.throughput import Measurement, Placement, ThroughputParams, fit_cached
+from ebbflow_operator.policies.loss_curve import LossCurve
+from ebbflow_operator.policies.throughput import Measurement, Placement, ThroughputParams, fit_cached
 
 REPO = Path(__file__).resolve().parents[1]
 

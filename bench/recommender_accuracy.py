@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ebbflow_devtools.testing.trainer_cluster import running_job
-from ebbflow_operator.throughput import Measurement
+from ebbflow_operator.policies.throughput import Measurement
 from ebbflow_sim.recommend import held_out_errors
 from ebbflow_sim.recommend_cli import MEASUREMENT_COLUMNS
 

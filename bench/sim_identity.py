@@ -18,8 +18,8 @@ import io
 import json
 from collections.abc import Mapping, Sequence
 
-from ebbflow_operator.allocator import Demand
-from ebbflow_operator.model import JobKey
+from ebbflow_operator.decision.allocator import Demand
+from ebbflow_operator.decision.model import JobKey
 from ebbflow_sim import allocation, cli
 
 CONFIGS = (

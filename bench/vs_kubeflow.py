@@ -64,7 +64,7 @@ from ebbflow_devtools.kind import (
     set_up,
 )
 from ebbflow_devtools.waiting import wait_for
-from ebbflow_operator.manifests import rendezvous_name
+from ebbflow_operator.decision.manifests import rendezvous_name
 
 NAMESPACE = E2E_NAMESPACE
 SHARED = REPO / ".cluster" / "shared"  # /shared on every kind worker (hack/kind/cluster.yaml)

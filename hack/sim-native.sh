@@ -8,14 +8,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 out=build/sim-native
-modules=(allocator policies throughput search loss_curve sim/allocation sim/engine sim/state sim/cluster sim/trace)
+modules=(ebbflow_operator/decision/allocator ebbflow_operator/policies/__init__ ebbflow_operator/policies/packing
+  ebbflow_operator/policies/greedy ebbflow_operator/policies/goodput ebbflow_operator/policies/quality
+  ebbflow_operator/policies/job_metrics ebbflow_operator/policies/throughput ebbflow_operator/policies/search
+  ebbflow_operator/policies/loss_curve ebbflow_sim/allocation ebbflow_sim/engine ebbflow_sim/state
+  ebbflow_sim/cluster ebbflow_sim/trace)
 
 rm -rf "$out"
 mkdir -p "$out"
-cp -r operator/ebbflow_operator "$out/"
+cp -r operator/ebbflow_operator sim/ebbflow_sim "$out/"
 find "$out" -name __pycache__ -prune -exec rm -rf {} +
 files=()
-for m in "${modules[@]}"; do files+=("ebbflow_operator/$m.py"); done
+for m in "${modules[@]}"; do files+=("$m.py"); done
 echo "compiling ${#files[@]} modules with mypyc (about 2 minutes on 2 cores)"
 (cd "$out" && MYPYPATH="$root/api" "$root/.venv/bin/mypyc" --config-file "$root/pyproject.toml" "${files[@]}" >mypyc.log 2>&1) || {
   tail -40 "$out/mypyc.log"
@@ -33,8 +37,8 @@ for args in (["--jobs", "60", "--gpus", "128", "--seed", "1"],
              ["--jobs", "40", "--gpus", "128", "--seed", "5", "--gpu-types", "A100:0.5:1,T4:0.5:0.3"]):
     cli.main([*args, "--json"])
 '
-pure=$(PYTHONPATH="$root/operator:$root/api" .venv/bin/python -c "$check")
-native=$(PYTHONPATH="$root/$out:$root/api" .venv/bin/python -c "import ebbflow_operator.policies as p; assert p.__file__.endswith('.so'), p.__file__
+pure=$(PYTHONPATH="$root/operator:$root/sim:$root/api" .venv/bin/python -c "$check")
+native=$(PYTHONPATH="$root/$out:$root/api" .venv/bin/python -c "import ebbflow_operator.policies.goodput as p; assert p.__file__.endswith('.so'), p.__file__
 $check")
 if [ "$pure" != "$native" ]; then
   diff <(echo "$pure") <(echo "$native") | head -20

@@ -16,8 +16,8 @@ from typing import Any, Self
 
 from ebbflow_api import contract
 from ebbflow_api.models import GPU_RESOURCE, ElasticTrainingJob
-from ebbflow_operator.allocator import Demand
-from ebbflow_operator.model import Job, Node, Pod, format_time, parse_job
+from ebbflow_operator.decision.allocator import Demand
+from ebbflow_operator.decision.model import Job, Node, Pod, format_time, parse_job
 
 DEFAULT_IMAGE = "ebbflow/trainer:test"
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
-from ebbflow_operator.manifests import rendezvous_name
+from ebbflow_operator.decision.manifests import rendezvous_name
 
 from ebbflow_devtools import demo_plan, trainer_logs
 from ebbflow_devtools.demo_plan import Action, Plan, Snapshot, Stage

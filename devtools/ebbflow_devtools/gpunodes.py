@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ebbflow_operator.model import (
+from ebbflow_operator.decision.model import (
     GPU_RESOURCE,
     LABEL_GPU_COUNT,
     LABEL_GPU_MEMORY,

@@ -19,10 +19,10 @@ import kopf
 from kubernetes import client, config
 
 from . import handlers  # noqa: F401  (registers the kopf handlers)
+from .decision.planner import PlannerConfig
 from .kube import KubeIO
 from .leader import ElectionConfig, Elector
 from .metrics import Metrics
-from .planner import PlannerConfig
 from .policies import POLICIES
 from .reconciler import OperatorConfig, Reconciler
 

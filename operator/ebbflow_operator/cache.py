@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from .model import Json
+from .decision.model import Json
 
 T = TypeVar("T")
 

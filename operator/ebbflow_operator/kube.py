@@ -17,8 +17,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from .decision.model import Json, format_time
 from .errors import KubeError
-from .model import Json, format_time
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Protocol
 
+from .decision.model import Json
 from .errors import KubeError
-from .model import Json
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ebbflow_api.models import Phase
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from .model import JobKey
+from .decision.model import JobKey
 
 
 @dataclass(frozen=True)

@@ -26,16 +26,16 @@ from typing import Any, Protocol
 
 from ebbflow_api import contract
 
-from . import manifests
-from .allocator import Policy, PriorityFairShare
 from .cache import Store
-from .decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
+from .decision import manifests
+from .decision.allocator import Policy, PriorityFairShare
+from .decision.decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
+from .decision.model import Job, JobKey, Json, Node, Pod, parse_job, parse_node, parse_pod
+from .decision.planner import Plan
 from .errors import KubeError
-from .history import History, node_devices
 from .metrics import JobSample, Metrics
-from .model import Job, JobKey, Json, Node, Pod, parse_job, parse_node, parse_pod
-from .planner import Plan
 from .policies import policy_named
+from .policies.history import History, node_devices
 
 __all__ = ["ClusterIO", "OperatorConfig", "PassResult", "Reconciler"]
 

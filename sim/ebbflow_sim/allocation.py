@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ebbflow_operator import policies
-from ebbflow_operator.allocator import Demand, Packing, Policy
-from ebbflow_operator.model import JobKey
+from ebbflow_operator.decision.allocator import Demand, Packing, Policy
+from ebbflow_operator.decision.model import JobKey
 from ebbflow_operator.policies import JobMetrics, NodeDevices, SlicedPacking, policy_named
 
 from .state import JobState

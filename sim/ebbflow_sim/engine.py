@@ -28,9 +28,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ebbflow_operator.model import JobKey
+from ebbflow_operator.decision.model import JobKey
 from ebbflow_operator.policies import NodeDevices
-from ebbflow_operator.throughput import Placement, compute_speeds
+from ebbflow_operator.policies.throughput import Placement, compute_speeds
 
 from .allocation import ELASTIC, POLICIES, Placer, demand, elastic_policy, key_of, rigid_allocate
 from .cluster import ClusterConfig, initial_nodes, lifetime_s, node_type, replacement

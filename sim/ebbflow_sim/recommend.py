@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ebbflow_operator.throughput import (
+from ebbflow_operator.policies.throughput import (
     Measurement,
     Placement,
     ThroughputParams,

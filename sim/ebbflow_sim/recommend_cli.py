@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from ebbflow_operator.throughput import Measurement
+from ebbflow_operator.policies.throughput import Measurement
 
 from .recommend import Goal, Offer, Option, choose, fit_model, held_out_errors, options
 

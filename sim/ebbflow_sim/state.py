@@ -16,8 +16,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from ebbflow_operator.allocator import most_used_first
-from ebbflow_operator.throughput import Measurement, Placement, slowdown, step_shape
+from ebbflow_operator.decision.allocator import most_used_first
+from ebbflow_operator.policies.throughput import Measurement, Placement, slowdown, step_shape
 
 from .trace import SimJob
 

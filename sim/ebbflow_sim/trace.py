@@ -24,8 +24,8 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 
-from ebbflow_operator.loss_curve import LossCurve
-from ebbflow_operator.throughput import JobModel, Placement, ThroughputParams
+from ebbflow_operator.policies.loss_curve import LossCurve
+from ebbflow_operator.policies.throughput import JobModel, Placement, ThroughputParams
 
 # GPUs a job asks for, with probabilities (Philly: ~80 % of jobs use <= 8 GPUs, a few use 32+).
 SIZE_MIX: tuple[tuple[int, float], ...] = (

@@ -17,7 +17,7 @@ from ebbflow_api import contract
 from ebbflow_devtools.controlplane import ControlPlane
 from ebbflow_devtools.gpunodes import GpuNodeTemplate
 from ebbflow_devtools.waiting import wait_for
-from ebbflow_operator import manifests
+from ebbflow_operator.decision import manifests
 
 from .conftest import GpuNodes, Kube
 from .operator_helpers import (

@@ -18,8 +18,8 @@ import yaml
 from ebbflow_api import contract
 from ebbflow_devtools.controlplane import ControlPlane
 from ebbflow_devtools.waiting import wait_for
-from ebbflow_operator import manifests
-from ebbflow_operator.model import parse_job
+from ebbflow_operator.decision import manifests
+from ebbflow_operator.decision.model import parse_job
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 

@@ -14,8 +14,8 @@ import pytest
 from ebbflow_api import contract
 from ebbflow_devtools.builders import NOW, JobBuilder
 from ebbflow_devtools.gpunodes import GpuNodeTemplate
-from ebbflow_operator.decide import OperatorConfig
-from ebbflow_operator.model import format_time
+from ebbflow_operator.decision.decide import OperatorConfig
+from ebbflow_operator.decision.model import format_time
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
-"""Import layers: the API package stays free of torch, kopf and the Kubernetes client; the operator never
-loads torch or the trainer; the trainer's entry points never load the operator; the operator's
-decision modules and the simulator stay pure; no shipped package imports the simulator or the dev
-tools; and no package has an import cycle.
+"""Import layers: every module imports only what DEVELOPERS.md's layer table allows its folder (so the
+operator's decision core and policies stay pure, nothing runs back up a layer, and no shipped
+package imports the simulator or the dev tools); importing the API, the operator or the trainer's
+CLI loads nothing heavy; and no package has an import cycle.
 
 Runtime checks import in a fresh interpreter each (`sys.executable -c`), so modules that this test
 process (or an earlier test) already imported cannot hide a heavy import. Static checks read the
@@ -28,10 +28,6 @@ PACKAGE_DIRS = {
     "ebbflow_sim": REPO / "sim" / "ebbflow_sim",
     "ebbflow_devtools": REPO / "devtools" / "ebbflow_devtools",
 }
-# What the images ship (api/, operator/, trainer-image/); the simulator and the dev tools may import
-# them, never the other way round.
-SHIPPED = ("ebbflow_api", "ebbflow_operator", "ebbflow_trainer")
-UNSHIPPED = ("ebbflow_sim", "ebbflow_devtools")
 
 
 def modules_of(package: str) -> dict[str, Path]:
@@ -122,9 +118,9 @@ def test_importing_loads_nothing_forbidden(modules: list[str], forbidden: list[s
 
 def test_the_probe_sees_a_forbidden_import() -> None:
     """The probe is not vacuous: the operator's Kubernetes I/O module does load the client."""
-    assert newly_loaded(["ebbflow_operator.model", "ebbflow_operator.kube"], ["kubernetes"]).keys() == {
-        "ebbflow_operator.kube"
-    }
+    assert newly_loaded(
+        ["ebbflow_operator.decision.model", "ebbflow_operator.kube"], ["kubernetes"]
+    ).keys() == {"ebbflow_operator.kube"}
 
 
 def test_all_listed_modules_are_covered() -> None:
@@ -304,10 +300,10 @@ def test_import_resolution() -> None:
     """Relative imports, `from package import submodule` and function-level imports resolve as Python does."""
     module_level = import_graph("ebbflow_operator", lazy=False)
     assert {
-        "ebbflow_operator.manifests",
-        "ebbflow_operator.status",
-        "ebbflow_operator.model",
-    } <= module_level["ebbflow_operator.planner"]
+        "ebbflow_operator.decision.manifests",
+        "ebbflow_operator.decision.status",
+        "ebbflow_operator.decision.model",
+    } <= module_level["ebbflow_operator.decision.planner"]
     assert "ebbflow_operator.handlers" in module_level["ebbflow_operator.__main__"]
     trainer = import_graph("ebbflow_trainer", lazy=False)
     assert {"ebbflow_trainer.metrics", "ebbflow_trainer.state"} <= trainer["ebbflow_trainer.worker"]
@@ -317,106 +313,107 @@ def test_import_resolution() -> None:
     assert "ebbflow_trainer.rendezvous" in lazy["ebbflow_trainer.__main__"]
 
 
-# --- static: the decision modules are pure -------------------------------------------------------
+# --- static: each folder imports only what DEVELOPERS.md's layer table allows --------------------
 
-DECISION_MODULES = [
-    "allocator",
-    "capacity",
-    "gpu_memory",
-    "planner",
-    "status",
-    "manifests",
-    "model",
-    "throughput",
-    "loss_curve",
-    "search",
-    "policies",
-    "history",
-]
-if (PACKAGE_DIRS["ebbflow_operator"] / "decide.py").exists():
-    DECISION_MODULES.append("decide")
-IMPURE = (
-    "kubernetes",
-    "kopf",
-    "ebbflow_operator.kube",
-    "ebbflow_operator.cache",
-    "ebbflow_operator.reconciler",
-    "ebbflow_operator.handlers",
-)
+DEVELOPERS = REPO / "DEVELOPERS.md"
+LAYER_TABLE_HEADER = "| folder | layer | may import, besides the standard library and its own folder |"
 
 
-def impure_imports(module: str, path: Path) -> list[str]:
-    known = {**modules_of("ebbflow_operator"), **modules_of("ebbflow_sim")}
+def layer_table(text: str) -> dict[str, tuple[str, ...]]:
+    """DEVELOPERS.md's layer table: package folder (dotted, e.g. `ebbflow_operator.decision`) -> what
+    its modules may import (project folders and third-party top-level modules)."""
+    lines = text.splitlines()
+    start = lines.index(LAYER_TABLE_HEADER) + 2  # past the header and its separator
+    table: dict[str, tuple[str, ...]] = {}
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        folder_cell, _, allowed_cell = (cell.strip() for cell in line.strip("|").split("|"))
+        path = Path(folder_cell.strip("`").rstrip("/"))
+        for package, directory in PACKAGE_DIRS.items():
+            base = directory.relative_to(REPO)
+            if path == base or base in path.parents:
+                folder = ".".join([package, *path.relative_to(base).parts])
+                table[folder] = tuple(e.strip().strip("`") for e in allowed_cell.split(",") if e.strip())
+                break
+        else:
+            raise AssertionError(f"DEVELOPERS.md's layer table names {path}, which is in no package")
+    return table
+
+
+LAYERS = layer_table(DEVELOPERS.read_text())
+ALL_MODULES = {name: path for package in PACKAGE_DIRS for name, path in modules_of(package).items()}
+
+
+def folder_of(module: str, path: Path) -> str:
+    """The package folder a module lives in (a package's `__init__` belongs to its own folder)."""
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def allowed(target: str, folder: str, rules: tuple[str, ...]) -> bool:
+    """Whether a module in `folder` may import `target` (a resolved module or a third-party name)."""
+    top = target.split(".")[0]
+    if top in sys.stdlib_module_names or top == "__future__":
+        return True
+    if not top.startswith("ebbflow_"):
+        return top in rules
+    target_folder = target if target in LAYERS else target.rpartition(".")[0]
+    return target_folder == folder or any(target == r or target.startswith(r + ".") for r in rules)
+
+
+def violations(module: str, path: Path) -> list[str]:
+    folder = folder_of(module, path)
+    rules = LAYERS[folder]
     return sorted(
-        f"{found.target} (line {found.line})"
-        for found in imports_in(module, path, known)
-        if any(found.target == name or found.target.startswith(name + ".") for name in IMPURE)
+        f"{module} imports {found.target} (line {found.line})"
+        for found in imports_in(module, path, ALL_MODULES)
+        if not allowed(found.target, folder, rules)
     )
 
 
-@pytest.mark.parametrize("module", [pytest.param(m, id=m) for m in DECISION_MODULES])
-def test_decision_module_imports_no_io(module: str) -> None:
-    """Anywhere in the file, function bodies included."""
-    name = f"ebbflow_operator.{module}"
-    assert impure_imports(name, modules_of("ebbflow_operator")[name]) == []
+@pytest.mark.parametrize("module", sorted(ALL_MODULES))
+def test_module_imports_only_what_its_folder_may(module: str) -> None:
+    """Anywhere in the file, function bodies included: the decision core and the policies stay pure,
+    nothing runs back up a layer, and no shipped package imports the simulator or the dev tools."""
+    assert violations(module, ALL_MODULES[module]) == []
 
 
-@pytest.mark.parametrize("module", sorted(modules_of("ebbflow_sim")))
-def test_simulator_module_imports_no_io(module: str) -> None:
-    """The simulator runs the operator's policies; it must never reach the Kubernetes I/O layer."""
-    assert impure_imports(module, modules_of("ebbflow_sim")[module]) == []
+def test_every_package_folder_has_a_row() -> None:
+    folders = {folder_of(name, path) for name, path in ALL_MODULES.items()}
+    assert folders == set(LAYERS), "DEVELOPERS.md's layer table and the package folders differ"
 
 
-@pytest.mark.parametrize("package", SHIPPED)
-def test_shipped_packages_import_neither_simulator_nor_dev_tools(package: str) -> None:
-    """Anywhere in the file: the images hold api/, operator/ and trainer-image/ only."""
-    found = [
-        f"{module} imports {entry.target} (line {entry.line})"
-        for module, path in modules_of(package).items()
-        for entry in imports_in(module, path, modules_of(package))
-        if entry.target.split(".")[0] in UNSHIPPED
-    ]
-    assert found == []
+def test_readme_layout_names_every_distribution() -> None:
+    layout = (REPO / "README.md").read_text()
+    missing = [d for d in PACKAGE_DIRS.values() if f"`{d.relative_to(REPO)}/`" not in layout]
+    assert missing == []
+
+
+DECISION = "ebbflow_operator.decision"
 
 
 @pytest.mark.parametrize(
-    ("module", "expected"),
+    ("folder", "source", "allowed_import"),
     [
-        pytest.param("kube", "kubernetes", id="kube-uses-the-client"),
-        pytest.param("handlers", "kopf", id="handlers-use-kopf"),
-        pytest.param("__main__", "ebbflow_operator.handlers", id="main-registers-handlers"),
-    ],
-)
-def test_impure_imports_are_found(module: str, expected: str) -> None:
-    """The check is not vacuous: the I/O layer's own modules do import these."""
-    name = f"ebbflow_operator.{module}"
-    assert any(
-        entry.startswith(expected) for entry in impure_imports(name, modules_of("ebbflow_operator")[name])
-    )
-
-
-@pytest.mark.parametrize(
-    ("source", "expected"),
-    [
-        pytest.param("from . import kube\n", "ebbflow_operator.kube", id="from-package-import-module"),
-        pytest.param("from .cache import Store\n", "ebbflow_operator.cache", id="relative-from"),
+        pytest.param("ebbflow_operator.decision", "import kopf\n", False, id="decision-uses-kopf"),
+        pytest.param(DECISION, "from ..kube import KubeIO\n", False, id="decision-uses-the-shell"),
+        pytest.param(DECISION, "from ..policies import x\n", False, id="decision-up-to-policies"),
         pytest.param(
-            "from ebbflow_operator.reconciler import X\n", "ebbflow_operator.reconciler", id="absolute"
+            "ebbflow_operator.decision", "def f():\n    import kubernetes\n", False, id="in-a-function"
         ),
-        pytest.param("import ebbflow_operator.handlers\n", "ebbflow_operator.handlers", id="import-module"),
-        pytest.param("from kubernetes.client import V1Pod\n", "kubernetes", id="client-submodule"),
-        pytest.param("def f() -> None:\n    import kopf\n", "kopf", id="inside-a-function"),
-        pytest.param("if True:\n    from .kube import KubeIO\n", "ebbflow_operator.kube", id="inside-if"),
+        pytest.param("ebbflow_operator.decision", "from .model import Job\n", True, id="own-folder"),
+        pytest.param("ebbflow_operator.decision", "from ebbflow_api import contract\n", True, id="api"),
+        pytest.param(
+            "ebbflow_operator.policies", "from ..decision.model import Job\n", True, id="policies-down"
+        ),
+        pytest.param("ebbflow_operator", "from .policies import policy_named\n", True, id="shell-down"),
+        pytest.param("ebbflow_operator", "import ebbflow_sim\n", False, id="shipped-uses-sim"),
+        pytest.param("ebbflow_api", "import torch\n", False, id="api-uses-torch"),
     ],
 )
-def test_impure_import_spellings_are_found(tmp_path: Path, source: str, expected: str) -> None:
+def test_the_folder_rules_see_each_spelling(
+    tmp_path: Path, folder: str, source: str, allowed_import: bool
+) -> None:
     path = tmp_path / "fake.py"
     path.write_text(source)
-    [entry] = impure_imports("ebbflow_operator.fake", path)
-    assert entry.startswith(expected)
-
-
-def test_pure_imports_pass(tmp_path: Path) -> None:
-    path = tmp_path / "fake.py"
-    path.write_text("from . import manifests\nfrom .model import Job\nfrom ebbflow_api import contract\n")
-    assert impure_imports("ebbflow_operator.fake", path) == []
+    assert (violations(f"{folder}.fake", path) == []) == allowed_import

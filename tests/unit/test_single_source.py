@@ -104,7 +104,7 @@ def test_the_scan_sees_the_whole_tree() -> None:
     files = {str(p.relative_to(REPO)) for p in source_files()}
     assert MODELS in files
     assert "trainer-image/ebbflow_trainer/config.py" in files
-    assert "operator/ebbflow_operator/manifests.py" in files
+    assert "operator/ebbflow_operator/decision/manifests.py" in files
     assert any(f.startswith("bench/") for f in files)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from ebbflow_devtools.builders import NODES4, make_demand
-from ebbflow_operator.allocator import Demand, Packing, PriorityFairShare, most_used_first
+from ebbflow_operator.decision.allocator import Demand, Packing, PriorityFairShare, most_used_first
 
 CASES = [
     pytest.param([make_demand("a", 1, 8)], NODES4, {"a": 8}, id="one job gets its max"),

@@ -11,12 +11,12 @@ import pytest
 from ebbflow_api import contract
 from ebbflow_devtools.builders import NOW, JobBuilder, make_job
 from ebbflow_devtools.waiting import wait_for
-from ebbflow_operator import manifests
-from ebbflow_operator.decide import OperatorConfig
+from ebbflow_operator.decision import manifests
+from ebbflow_operator.decision.decide import OperatorConfig
+from ebbflow_operator.decision.model import Json, format_time
+from ebbflow_operator.decision.planner import BatchUpdate, BudgetUpdate, Deletion, Event, Plan
 from ebbflow_operator.errors import KubeError
 from ebbflow_operator.metrics import Metrics
-from ebbflow_operator.model import Json, format_time
-from ebbflow_operator.planner import BatchUpdate, BudgetUpdate, Deletion, Event, Plan
 from ebbflow_operator.reconciler import RELIST_SHARE, Reconciler, relist_wait
 
 Call = tuple[str, str]  # (operation, object name; the reason for events)

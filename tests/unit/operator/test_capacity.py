@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 from ebbflow_devtools.builders import JobBuilder, make_job
-from ebbflow_operator.capacity import cluster_capacity, job_may_use, node_usable
-from ebbflow_operator.model import Job, Node, Pod, Taint, Toleration
+from ebbflow_operator.decision.capacity import cluster_capacity, job_may_use, node_usable
+from ebbflow_operator.decision.model import Job, Node, Pod, Taint, Toleration
 
 SPOT_TAINT = Taint("ebbflow.dev/spot", "NoSchedule", "true")
 

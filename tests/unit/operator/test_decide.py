@@ -8,10 +8,10 @@ from dataclasses import dataclass, field, replace
 import pytest
 from ebbflow_api import contract
 from ebbflow_devtools.builders import JobBuilder, make_job, make_node, make_rendezvous, make_worker
-from ebbflow_operator.allocator import PriorityFairShare
-from ebbflow_operator.decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
-from ebbflow_operator.model import Job, JobKey, Node, Pod
-from ebbflow_operator.planner import Deletion, Event, Plan
+from ebbflow_operator.decision.allocator import PriorityFairShare
+from ebbflow_operator.decision.decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
+from ebbflow_operator.decision.model import Job, JobKey, Node, Pod
+from ebbflow_operator.decision.planner import Deletion, Event, Plan
 
 NOW = 1_000_000.0
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 from ebbflow_devtools.builders import JobBuilder, make_job, make_node, make_worker
-from ebbflow_operator.gpu_memory import job_budget_mib, worker_share_mib
-from ebbflow_operator.model import LABEL_GPU_MEMORY, LABEL_GPU_REPLICAS, Job, Node
+from ebbflow_operator.decision.gpu_memory import job_budget_mib, worker_share_mib
+from ebbflow_operator.decision.model import LABEL_GPU_MEMORY, LABEL_GPU_REPLICAS, Job, Node
 
 
 def gpu_node(name: str, memory: str | None = "40960", replicas: str | None = None) -> Node:

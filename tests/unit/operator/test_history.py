@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 from ebbflow_devtools.builders import JobBuilder, make_job, make_node, make_worker
-from ebbflow_operator.allocator import PriorityFairShare
-from ebbflow_operator.history import (
+from ebbflow_operator.decision.allocator import PriorityFairShare
+from ebbflow_operator.decision.model import Node
+from ebbflow_operator.policies import GoodputPolicy, NodeDevices, QualityPolicy, policy_named
+from ebbflow_operator.policies.history import (
     MAX_LOSSES,
     History,
     JobHistory,
@@ -18,9 +20,7 @@ from ebbflow_operator.history import (
     placement_of,
     record,
 )
-from ebbflow_operator.model import Node
-from ebbflow_operator.policies import GoodputPolicy, NodeDevices, QualityPolicy, policy_named
-from ebbflow_operator.throughput import Measurement
+from ebbflow_operator.policies.throughput import Measurement
 
 
 def report(step: int, time: str, **fields: Any) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from ebbflow_operator.decision.model import Json
 from ebbflow_operator.errors import KubeError
 from ebbflow_operator.leader import (
     ElectionConfig,
@@ -17,7 +18,6 @@ from ebbflow_operator.leader import (
     next_action,
     parse_lease,
 )
-from ebbflow_operator.model import Json
 
 NOW = 1_800_000_000.0
 

@@ -7,7 +7,7 @@ import random
 from collections.abc import Sequence
 
 import pytest
-from ebbflow_operator.loss_curve import LossCurve, _Points, _solve, fit_loss_curve
+from ebbflow_operator.policies.loss_curve import LossCurve, _Points, _solve, fit_loss_curve
 
 TRUE = LossCurve(a=5.0, b=40.0, c=0.3)
 

@@ -10,8 +10,8 @@ import pytest
 from ebbflow_api import contract
 from ebbflow_api.models import GPU_RESOURCE, MAX_JOB_NAME_LENGTH, MAX_REPLICAS
 from ebbflow_devtools.builders import DEFAULT_IMAGE, NOW, JobBuilder, make_job
-from ebbflow_operator import manifests
-from ebbflow_operator.model import Job, format_time, parse_job, parse_pod
+from ebbflow_operator.decision import manifests
+from ebbflow_operator.decision.model import Job, format_time, parse_job, parse_pod
 
 Json = dict[str, Any]
 

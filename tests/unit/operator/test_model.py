@@ -18,8 +18,8 @@ from ebbflow_api.models import (
     Phase,
 )
 from ebbflow_devtools.builders import NOW, JobBuilder, make_job
-from ebbflow_operator import manifests
-from ebbflow_operator.model import (
+from ebbflow_operator.decision import manifests
+from ebbflow_operator.decision.model import (
     SPOT_LABELS,
     Json,
     Taint,

@@ -13,9 +13,9 @@ import random
 
 import pytest
 from ebbflow_devtools.builders import make_demand
-from ebbflow_operator.allocator import Demand, Packing
+from ebbflow_operator.decision.allocator import Demand, Packing
 from ebbflow_operator.policies import NodeDevices, SlicedPacking
-from ebbflow_operator.throughput import Placement
+from ebbflow_operator.policies.throughput import Placement
 
 SEEDS = range(60)
 

@@ -9,8 +9,16 @@ from typing import Any
 import pytest
 from ebbflow_api import contract
 from ebbflow_devtools.builders import NOW, JobBuilder, make_job, make_node, make_rendezvous, make_worker
-from ebbflow_operator.model import LABEL_GPU_MEMORY, LABEL_GPU_REPLICAS, Job, Node, Pod, Taint, format_time
-from ebbflow_operator.planner import Observed, Plan, PlannerConfig, plan_job
+from ebbflow_operator.decision.model import (
+    LABEL_GPU_MEMORY,
+    LABEL_GPU_REPLICAS,
+    Job,
+    Node,
+    Pod,
+    Taint,
+    format_time,
+)
+from ebbflow_operator.decision.planner import Observed, Plan, PlannerConfig, plan_job
 
 CONFIG = PlannerConfig(pending_timeout=60, hold_seconds=300)
 NODES = {"od-0": make_node("od-0"), "od-1": make_node("od-1"), "spot-0": make_node("spot-0", spot=True)}
@@ -380,7 +388,7 @@ def test_a_job_without_band_limit_gets_no_budget_on_labelled_nodes() -> None:
 
 
 def test_worker_env_and_names_follow_the_contract() -> None:
-    from ebbflow_operator.manifests import worker_pod
+    from ebbflow_operator.decision.manifests import worker_pod
 
     body = worker_pod(job(), 3, 7)
     assert body["metadata"]["name"] == "j-worker-3"

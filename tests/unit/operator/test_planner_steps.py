@@ -11,8 +11,16 @@ import pytest
 from ebbflow_api import contract
 from ebbflow_api.models import Phase
 from ebbflow_devtools.builders import NOW, JobBuilder, make_job, make_node, make_rendezvous, make_worker
-from ebbflow_operator.model import LABEL_GPU_MEMORY, LABEL_GPU_REPLICAS, Job, Node, Pod, Taint, format_time
-from ebbflow_operator.planner import (
+from ebbflow_operator.decision.model import (
+    LABEL_GPU_MEMORY,
+    LABEL_GPU_REPLICAS,
+    Job,
+    Node,
+    Pod,
+    Taint,
+    format_time,
+)
+from ebbflow_operator.decision.planner import (
     Deletion,
     Ending,
     Event,
@@ -48,7 +56,7 @@ from ebbflow_operator.planner import (
     target_size,
     victims,
 )
-from ebbflow_operator.status import FAILED, PREEMPTED, READY, SCHEDULABLE, SUCCEEDED, ConditionUpdate
+from ebbflow_operator.decision.status import FAILED, PREEMPTED, READY, SCHEDULABLE, SUCCEEDED, ConditionUpdate
 
 CONFIG = PlannerConfig(pending_timeout=60, hold_seconds=300)
 EVICTING = Taint("ebbflow.dev/spot-termination", "NoExecute", "true")

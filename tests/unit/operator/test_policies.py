@@ -9,20 +9,12 @@ from dataclasses import replace
 
 import pytest
 from ebbflow_devtools.builders import NODES4, make_demand
-from ebbflow_operator.allocator import Demand, Policy, PriorityFairShare
-from ebbflow_operator.loss_curve import LossCurve
-from ebbflow_operator.policies import (
-    GoodputPolicy,
-    JobMetrics,
-    NodeDevices,
-    QualityPolicy,
-    SlicedPacking,
-    _cancel_relocations,
-    _goodputs,
-    kept_in_place,
-    virtual_node_breakpoints,
-)
-from ebbflow_operator.throughput import JobModel, Measurement, Placement, ThroughputParams
+from ebbflow_operator.decision.allocator import Demand, Policy, PriorityFairShare
+from ebbflow_operator.policies import GoodputPolicy, JobMetrics, NodeDevices, QualityPolicy, SlicedPacking
+from ebbflow_operator.policies.goodput import _goodputs
+from ebbflow_operator.policies.greedy import cancel_relocations, kept_in_place, virtual_node_breakpoints
+from ebbflow_operator.policies.loss_curve import LossCurve
+from ebbflow_operator.policies.throughput import JobModel, Measurement, Placement, ThroughputParams
 
 NOW = 100_000.0
 SCALES_WELL = ThroughputParams(0.01, 0.002, 0.002, 0.0005, 0.01, 0.001, 3.0)
@@ -360,7 +352,7 @@ def test_cancel_relocations(lo: int, plan: tuple[str, ...], expected: tuple[str,
     packing = SlicedPacking(free, {})
     packing.place_on(job, plan)
     counts = {job.key: len(plan)}
-    _cancel_relocations([job], counts, packing)
+    cancel_relocations([job], counts, packing)
     assert (counts[job.key], tuple(packing.nodes_of(job.key))) == (len(expected), expected)
 
 
@@ -565,7 +557,7 @@ def test_packing_prefers_gpus_no_running_worker_holds(
 
 def test_withdrawn_workers_hold_their_gpus_again() -> None:
     """A job placed back on its nodes and then withdrawn (its minimum did not fit, or
-    `_cancel_relocations` places it anew) holds the GPUs of its running workers again."""
+    `cancel_relocations` places it anew) holds the GPUs of its running workers again."""
     free = {"a": 4, "b": 4}
     other = make_demand("other", 2, 4, nodes=free, current=("a",) * 4)
     job = make_demand("job", 1, 1, nodes=free)

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 
 import pytest
-from ebbflow_operator.search import golden_min, grid_then_golden
+from ebbflow_operator.policies.search import golden_min, grid_then_golden
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from ebbflow_api.models import Condition, ConditionStatus
-from ebbflow_operator.status import (
+from ebbflow_operator.decision.status import (
     CONDITION_ORDER,
     FAILED,
     PREEMPTED,

@@ -7,7 +7,7 @@ import random
 from dataclasses import replace
 
 import pytest
-from ebbflow_operator.throughput import (
+from ebbflow_operator.policies.throughput import (
     TIME_SLICE_OVERHEAD,
     JobModel,
     Measurement,

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from ebbflow_operator.throughput import (
+from ebbflow_operator.policies.throughput import (
     Measurement,
     Placement,
     ThroughputParams,

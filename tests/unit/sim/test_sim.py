@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from ebbflow_devtools.builders import make_demand
-from ebbflow_operator.throughput import Placement
+from ebbflow_operator.policies.throughput import Placement
 from ebbflow_sim import cli
 from ebbflow_sim.allocation import Placer, metrics
 from ebbflow_sim.cluster import ClusterConfig, GpuType, initial_nodes, node_type, replacement

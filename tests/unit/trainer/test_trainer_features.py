@@ -20,7 +20,7 @@ from ebbflow_api import contract
 from ebbflow_api.models import ElasticTrainingJobStatus
 from ebbflow_devtools.testing.simulated_world import combine_rows, step_world
 from ebbflow_devtools.testing.trainer_config import VALID_ENVIRONMENT, trainer_config
-from ebbflow_operator.model import parse_progress
+from ebbflow_operator.decision.model import parse_progress
 from ebbflow_trainer import metrics, state
 from ebbflow_trainer.__main__ import main
 from ebbflow_trainer.api import LossScaling, SpecError, TrainingSpec, load_spec

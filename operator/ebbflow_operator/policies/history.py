@@ -21,9 +21,19 @@ from dataclasses import dataclass, replace
 
 from ebbflow_api import contract
 
-from .model import LABEL_GPU_COUNT, LABEL_GPU_PRODUCT, LABEL_GPU_REPLICAS, Job, JobKey, Json, Node, Pod
-from .planner import latest_progress
-from .policies import DEFAULT_RESCALE_PAUSE_S, JobMetrics, NodeDevices
+from ..decision.model import (
+    LABEL_GPU_COUNT,
+    LABEL_GPU_PRODUCT,
+    LABEL_GPU_REPLICAS,
+    Job,
+    JobKey,
+    Json,
+    Node,
+    Pod,
+)
+from ..decision.planner import latest_progress
+from .job_metrics import DEFAULT_RESCALE_PAUSE_S, JobMetrics
+from .packing import NodeDevices
 from .throughput import Measurement, compute_speeds
 
 MAX_MEASUREMENTS = 16
