@@ -14,7 +14,7 @@ from __future__ import annotations
 import yaml
 from ebbflow_api import contract
 from ebbflow_devtools.kind import E2E_NAMESPACE, TRAINER_IMAGE, Kind, KindError, poll
-from ebbflow_operator.manifests import network_policy_name, rendezvous_host
+from ebbflow_operator.decision.manifests import network_policy_name, rendezvous_host
 
 from . import jobs
 

@@ -16,7 +16,7 @@ from ebbflow_devtools import trainer_logs
 from ebbflow_devtools.demo import target_accuracy
 from ebbflow_devtools.demo_plan import node_to_take
 from ebbflow_devtools.kind import E2E_NAMESPACE, REPO, Kind, KindError, environment, poll
-from ebbflow_operator.manifests import rendezvous_name
+from ebbflow_operator.decision.manifests import rendezvous_name
 
 from . import jobs
 from .jobs import JOB_DEADLINE_S
