@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from ebbflow_trainer.api import TrainingSpec, import_script
-from ebbflow_trainer.memory_budget import peak_bytes
+from ebbflow_trainer.step.memory_budget import peak_bytes
 from torch import nn
 
 REPO = Path(__file__).resolve().parents[1]

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ebbflow_trainer.engine import VirtualNodeEngine
+from ebbflow_trainer.step.engine import VirtualNodeEngine
 from engines import sgd_spec, trainer_config, worker_step
 
 RESULTS = Path(__file__).resolve().parent / "results" / "data_loading.json"

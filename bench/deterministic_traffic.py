@@ -4,8 +4,8 @@ One process per worker (``--workers``, default 2), gloo on CPU, one torch thread
 and V in (4, 16, 64) with B = 4·V, each mode trains ``--steps`` timed steps after a warm-up step:
 
 - ``fast``: each worker adds its virtual nodes' gradients in float into one float32 message,
-  all-reduced in buckets while the last backward pass runs (``ebbflow_trainer.buckets``);
-- ``exact``: deterministic mode's exact sums (``ebbflow_trainer.exact``): a MAX all-reduce of the grid
+  all-reduced in buckets while the last backward pass runs (``ebbflow_trainer.step.buckets``);
+- ``exact``: deterministic mode's exact sums (``ebbflow_trainer.step.exact``): a MAX all-reduce of the grid
   agreement, then one row of int64;
 - ``table``: deterministic mode's row table, one float32 row per virtual node (the only method before
   exact sums; deterministic mode still uses it while the V rows take at most ``--row-table-limit``).
@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.config import ROW_TABLE_LIMIT
-from ebbflow_trainer.engine import VirtualNodeEngine
-from ebbflow_trainer.worker import DistCollectives
+from ebbflow_trainer.launch.worker import DistCollectives
+from ebbflow_trainer.step.engine import VirtualNodeEngine
 from engines import sgd_spec, trainer_config, worker_step
 from processes import join_world, rank_parser, run_ranks
 from torch.utils.data import TensorDataset

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from ebbflow_devtools.testing.trainer_config import trainer_config
 from ebbflow_trainer.api import TrainingSpec
-from ebbflow_trainer.engine import Collectives, StepResult, VirtualNodeEngine, WorldOfOne
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
+from ebbflow_trainer.step.engine import Collectives, StepResult, VirtualNodeEngine, WorldOfOne
 
 __all__ = ["cross_entropy", "sgd", "sgd_spec", "trainer_config", "worker_step"]
 

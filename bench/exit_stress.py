@@ -157,7 +157,7 @@ def _pythonpath(trainer_path: str | None) -> dict[str, str]:
 def trainer_identity(trainer_path: str | None) -> dict[str, Any]:
     """Which ``ebbflow_trainer`` and ``ebbflow_api`` the launchers import; whether it has the exit fix."""
     probe = (
-        "import json, ebbflow_api, ebbflow_trainer, ebbflow_trainer.rendezvous as r\n"
+        "import json, ebbflow_api, ebbflow_trainer, ebbflow_trainer.launch.rendezvous as r\n"
         "fixed = hasattr(r.GenerationRendezvousHandler, 'stop_heartbeats')\n"
         "print(json.dumps({'file': ebbflow_trainer.__file__, 'api_file': ebbflow_api.__file__,"
         " 'has_stop_heartbeats': fixed}))"

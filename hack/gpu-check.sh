@@ -82,7 +82,7 @@ show_device() { # fails without CUDA: every GPU test would skip, and a run of sk
 imports() {
 	"$PYTHON" - <<-'EOF'
 		import importlib.metadata as md
-		import ebbflow_api.models, ebbflow_trainer.worker, ebbflow_trainer.preload  # noqa: F401
+		import ebbflow_api.models, ebbflow_trainer.launch.worker, ebbflow_trainer.launch.preload  # noqa: F401
 		from ebbflow_trainer.api import load_spec
 		for name in ("examples/digits/train.py", "examples/digits_cnn/train.py", "examples/hf_lm/train.py"):
 		    load_spec(name)

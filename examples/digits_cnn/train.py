@@ -1,5 +1,5 @@
 """Handwritten digits as 32x32 images (scikit-learn's bundled 8x8 ones, upsampled here: no download)
-with a small CNN whose convolutions are band-limited (``ebbflow_trainer.bandlimit``).
+with a small CNN whose convolutions are band-limited (``ebbflow_trainer.step.bandlimit``).
 
 At ``COMPRESSION_RATE`` every convolution keeps only the lowest half of its spectra: less memory
 for what backward keeps, less work per channel product, and high-frequency input noise filtered
@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from ebbflow_trainer import TrainingSpec
-from ebbflow_trainer.bandlimit import band_limit
+from ebbflow_trainer.step.bandlimit import band_limit
 from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import TensorDataset

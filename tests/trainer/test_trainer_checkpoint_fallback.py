@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ebbflow_api import contract
 from ebbflow_devtools.testing.trainer_cluster import Node, running_job
-from ebbflow_trainer import state
+from ebbflow_trainer.launch import state
 
 FIRST, SECOND, THIRD = 8, 16, 24  # each run trains to this step and checkpoints at its end
 

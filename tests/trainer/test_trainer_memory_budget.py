@@ -23,7 +23,7 @@ import pytest
 from ebbflow_api import contract
 from ebbflow_devtools.testing.trainer_cluster import Job, Node, needs_cuda, running_job
 from ebbflow_devtools.waiting import wait_for
-from ebbflow_trainer.memory_budget import RATES
+from ebbflow_trainer.step.memory_budget import RATES
 
 CNN = str(Path(__file__).resolve().parents[2] / "examples" / "digits_cnn" / "train.py")
 STEPS = 60

@@ -18,7 +18,7 @@ from typing import Any
 
 from ebbflow_devtools.testing.trainer_config import trainer_config
 from ebbflow_devtools.waiting import wait_for
-from ebbflow_trainer.rendezvous import HUNG_CALL_GRACE, GenerationRendezvousHandler
+from ebbflow_trainer.launch.rendezvous import HUNG_CALL_GRACE, GenerationRendezvousHandler
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (

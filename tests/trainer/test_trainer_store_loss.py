@@ -17,7 +17,7 @@ from typing import Any
 from ebbflow_api import contract
 from ebbflow_devtools.testing.trainer_cluster import HELD_DIGITS, Job, Node, assert_bitwise_equal, running_job
 from ebbflow_devtools.waiting import wait_for
-from ebbflow_trainer.launcher import EXIT_STORE_LOST
+from ebbflow_trainer.launch.launcher import EXIT_STORE_LOST
 
 # About 0.1 s per step at world size 2 (two virtual nodes each): 200 steps outlast the outage.
 SLOW_STEPS = ["--simulated-vnode-seconds", "0.05"]

@@ -113,7 +113,7 @@ def _add_timeouts(run: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "rendezvous":
-        from ebbflow_trainer.rendezvous import serve
+        from ebbflow_trainer.launch.rendezvous import serve
 
         return serve(args.host, args.port, args.port_file)
 
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         write_termination_message(os.environ.get(contract.ENV_TERMINATION_MESSAGE_PATH, ""), why)
         return contract.EXIT_INVALID_CONFIG
 
-    from ebbflow_trainer.launcher import run as launch
+    from ebbflow_trainer.launch.launcher import run as launch
 
     return launch(config)
 

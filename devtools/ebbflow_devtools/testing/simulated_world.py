@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from ebbflow_trainer.engine import NO_REQUESTS, Requests, StepResult, VirtualNodeEngine, WorldOfOne
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
+from ebbflow_trainer.step.engine import NO_REQUESTS, Requests, StepResult, VirtualNodeEngine, WorldOfOne
 
 
 def reduce_world(

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 from ebbflow_api import contract
-from ebbflow_trainer import state
+from ebbflow_trainer.launch import state
 
 from ebbflow_devtools.waiting import wait_for
 

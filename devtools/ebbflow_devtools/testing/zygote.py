@@ -32,10 +32,10 @@ WARM_IMPORTS = (
     "torch.distributed.elastic.multiprocessing",
     "sklearn.datasets",
     "ebbflow_trainer.__main__",
-    "ebbflow_trainer.agent",
-    "ebbflow_trainer.launcher",
-    "ebbflow_trainer.rendezvous",
-    "ebbflow_trainer.worker",
+    "ebbflow_trainer.launch.agent",
+    "ebbflow_trainer.launch.launcher",
+    "ebbflow_trainer.launch.rendezvous",
+    "ebbflow_trainer.launch.worker",
 )
 
 

@@ -32,7 +32,7 @@ def resumes(generation: int, rank: int, size: int, step: int, source: str, lost:
     ],
 )
 def test_a_resume_line_is_read_back(line: str, expected: Resumption) -> None:
-    assert resumptions(f"2026-11-22 INFO ebbflow_trainer.worker: {line}\nother text\n") == [expected]
+    assert resumptions(f"2026-11-22 INFO ebbflow_trainer.launch.worker: {line}\nother text\n") == [expected]
 
 
 def test_worlds_come_from_rank_zero_across_overlapping_logs_with_their_pauses() -> None:

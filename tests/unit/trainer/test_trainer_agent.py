@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from ebbflow_trainer.agent import TORCH_FIXED_SHUTDOWN_SECONDS, EbbflowAgent, shutdown_option
+from ebbflow_trainer.launch.agent import TORCH_FIXED_SHUTDOWN_SECONDS, EbbflowAgent, shutdown_option
 
 
 class AgentWithShutdownTimeout:
@@ -31,7 +31,7 @@ class AgentWithoutShutdownTimeout:  # torch 2.11's LocalElasticAgent takes no sh
 def test_the_shutdown_timeout_is_passed_only_to_an_agent_that_takes_it(
     agent: type, seconds: int, option: dict[str, int], warned: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="ebbflow_trainer.agent"):
+    with caplog.at_level(logging.WARNING, logger="ebbflow_trainer.launch.agent"):
         assert shutdown_option(agent, seconds) == option
     assert bool(caplog.records) is warned
 

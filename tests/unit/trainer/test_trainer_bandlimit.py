@@ -11,9 +11,14 @@ import torch.nn.functional as F
 from ebbflow_devtools.testing.simulated_world import step_world
 from ebbflow_devtools.testing.trainer_config import trainer_config
 from ebbflow_trainer.api import load_spec
-from ebbflow_trainer.bandlimit import BandLimitedConv2d, band_limit, kept_frequencies, set_compression_rate
-from ebbflow_trainer.engine import Requests, VirtualNodeEngine
-from ebbflow_trainer.memory_budget import decode_rate, encode_rate
+from ebbflow_trainer.step.bandlimit import (
+    BandLimitedConv2d,
+    band_limit,
+    kept_frequencies,
+    set_compression_rate,
+)
+from ebbflow_trainer.step.engine import Requests, VirtualNodeEngine
+from ebbflow_trainer.step.memory_budget import decode_rate, encode_rate
 from torch import nn
 
 DEVICES = [

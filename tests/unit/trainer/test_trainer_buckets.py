@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from ebbflow_devtools.testing.simulated_world import step_world
 from ebbflow_devtools.testing.trainer_config import trainer_config
 from ebbflow_trainer.api import TrainingSpec
-from ebbflow_trainer.buckets import FIRST_BUCKET_BYTES, Bucket, plan_buckets
-from ebbflow_trainer.engine import VirtualNodeEngine, WorldOfOne
+from ebbflow_trainer.step.buckets import FIRST_BUCKET_BYTES, Bucket, plan_buckets
+from ebbflow_trainer.step.engine import VirtualNodeEngine, WorldOfOne
 from torch.utils.data import TensorDataset
 
 MiB = 2**20

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from ebbflow_devtools.testing.simulated_world import combine_rows, reduce_world, step_world
 from ebbflow_devtools.testing.trainer_config import trainer_config
-from ebbflow_trainer import state
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.config import ROW_TABLE_LIMIT
-from ebbflow_trainer.engine import VirtualNodeEngine
+from ebbflow_trainer.launch import state
+from ebbflow_trainer.step.engine import VirtualNodeEngine
 from torch.utils.data import TensorDataset
 
 V, B = 4, 16

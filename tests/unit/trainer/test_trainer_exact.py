@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 import torch
-from ebbflow_trainer import exact
+from ebbflow_trainer.step import exact
 
 # Segments as the engine has them (gradient, buffers, loss and norm), small blocks to get many.
 SEGMENTS = [70, 9, 2]

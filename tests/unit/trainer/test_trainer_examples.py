@@ -10,8 +10,8 @@ import torch
 from ebbflow_devtools.testing.simulated_world import step_world
 from ebbflow_devtools.testing.trainer_config import trainer_config
 from ebbflow_trainer.api import import_script, load_spec
-from ebbflow_trainer.bandlimit import BandLimitedConv2d
-from ebbflow_trainer.engine import StepResult, VirtualNodeEngine
+from ebbflow_trainer.step.bandlimit import BandLimitedConv2d
+from ebbflow_trainer.step.engine import StepResult, VirtualNodeEngine
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 

@@ -21,14 +21,15 @@ from ebbflow_api.models import ElasticTrainingJobStatus
 from ebbflow_devtools.testing.simulated_world import combine_rows, step_world
 from ebbflow_devtools.testing.trainer_config import VALID_ENVIRONMENT, trainer_config
 from ebbflow_operator.decision.model import parse_progress
-from ebbflow_trainer import metrics, state
+from ebbflow_trainer import metrics
 from ebbflow_trainer.__main__ import main
 from ebbflow_trainer.api import LossScaling, SpecError, TrainingSpec, load_spec
 from ebbflow_trainer.data import VirtualNodeLoader, VirtualNodePlan, build_batch
-from ebbflow_trainer.engine import StepResult, VirtualNodeEngine
 from ebbflow_trainer.evaluation import Evaluation
+from ebbflow_trainer.launch import state
 from ebbflow_trainer.sharding import DataPosition, virtual_node_indices
-from ebbflow_trainer.update import LossScaler
+from ebbflow_trainer.step.engine import StepResult, VirtualNodeEngine
+from ebbflow_trainer.step.update import LossScaler
 from torch.utils.data import Dataset, TensorDataset
 
 V, B = 4, 16

@@ -15,15 +15,16 @@ import torch.nn.functional as F
 from ebbflow_api import contract
 from ebbflow_devtools.testing.simulated_world import step_world
 from ebbflow_devtools.testing.trainer_config import VALID_ENVIRONMENT, trainer_config
-from ebbflow_trainer import global_batch, projected, state
+from ebbflow_trainer import global_batch, projected
 from ebbflow_trainer.__main__ import main
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.config import ROW_TABLE_LIMIT, ConfigError, TrainerConfig, from_environment
 from ebbflow_trainer.data import VirtualNodeLoader
-from ebbflow_trainer.engine import Requests, StepResult, VirtualNodeEngine
 from ebbflow_trainer.global_batch import Request, RequestFile, requested_batch
+from ebbflow_trainer.launch import state
 from ebbflow_trainer.lr_scaling import adascale_gain
 from ebbflow_trainer.sharding import DataPosition, derived_seed, virtual_node_indices
+from ebbflow_trainer.step.engine import Requests, StepResult, VirtualNodeEngine
 from torch.utils.data import TensorDataset
 
 V, B, MAX = 4, 16, 32
@@ -391,7 +392,7 @@ def test_the_new_batch_travels_in_the_state_and_a_spec_without_it_goes_back_to_i
     assert newcomer.position.samples_at(2) == B + 24
 
     without = _engine(largest=None)
-    with caplog.at_level(logging.WARNING, logger="ebbflow_trainer.state"):
+    with caplog.at_level(logging.WARNING, logger="ebbflow_trainer.launch.state"):
         state.restore(without, saved)
     assert without.global_batch_size == B and without.position.samples_at(2) == B + 24
     assert without.position.start(2, 96) == engine.position.start(2, 96), (

@@ -1,4 +1,4 @@
-"""Memory elasticity (spec.bandLimit, ebbflow_trainer.memory_budget): the budget choice, the footprint
+"""Memory elasticity (spec.bandLimit, ebbflow_trainer.step.memory_budget): the budget choice, the footprint
 measurement, the rate request in the step's message, the state, the configuration. The trainer tier
 (tests/trainer/test_trainer_memory_budget.py) runs it with real processes."""
 
@@ -14,13 +14,14 @@ import torch
 from ebbflow_api import contract
 from ebbflow_devtools.testing.simulated_world import step_world
 from ebbflow_devtools.testing.trainer_config import VALID_ENVIRONMENT, trainer_config
-from ebbflow_trainer import projected, state
+from ebbflow_trainer import projected
 from ebbflow_trainer.__main__ import main
 from ebbflow_trainer.api import load_spec
-from ebbflow_trainer.bandlimit import BandLimitedConv2d
 from ebbflow_trainer.config import ConfigError, from_environment
-from ebbflow_trainer.engine import Requests, VirtualNodeEngine
-from ebbflow_trainer.memory_budget import (
+from ebbflow_trainer.launch import state
+from ebbflow_trainer.step.bandlimit import BandLimitedConv2d
+from ebbflow_trainer.step.engine import Requests, VirtualNodeEngine
+from ebbflow_trainer.step.memory_budget import (
     MIB,
     RATES,
     Footprint,
@@ -115,7 +116,7 @@ def test_rank_zero_asks_for_the_rate_that_fits_each_budget(
     requests = RateRequests(trainer_config(memory_budget_file=str(path)), RATES, footprint, clock)
     assert requests.poll() == 0 and consulted == [], "no budget: nothing asked, nothing measured"
     seen = []
-    with caplog.at_level(logging.WARNING, logger="ebbflow_trainer.memory_budget"):
+    with caplog.at_level(logging.WARNING, logger="ebbflow_trainer.step.memory_budget"):
         for text in ("80", "80", "1 GiB", "129", "", "40", "40"):
             path.write_text(text)
             clock.now += projected.READ_INTERVAL_SECONDS

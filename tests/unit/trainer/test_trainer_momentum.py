@@ -16,13 +16,13 @@ from ebbflow_devtools.testing.trainer_config import VALID_ENVIRONMENT, trainer_c
 from ebbflow_trainer.__main__ import main
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.config import ConfigError, from_environment
-from ebbflow_trainer.engine import VirtualNodeEngine
 from ebbflow_trainer.lr_scaling import (
     MomentumCorrection,
     corrected_momentum,
     momentum_correction_problem,
     momentum_lr_multiplier,
 )
+from ebbflow_trainer.step.engine import VirtualNodeEngine
 from torch.utils.data import TensorDataset
 
 

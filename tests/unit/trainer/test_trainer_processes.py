@@ -9,11 +9,11 @@ import pytest
 import torch
 from ebbflow_api import contract
 from ebbflow_devtools.testing.trainer_config import VALID_ENVIRONMENT, trainer_config
-from ebbflow_trainer import state
 from ebbflow_trainer.config import ConfigError, TrainerConfig, from_environment
 from ebbflow_trainer.data import to_device
-from ebbflow_trainer.launcher import Markers
-from ebbflow_trainer.worker import resolve_backend, training_device
+from ebbflow_trainer.launch import state
+from ebbflow_trainer.launch.launcher import Markers
+from ebbflow_trainer.launch.worker import resolve_backend, training_device
 
 # VALID_ENVIRONMENT: max 4 replicas, V=8, B=64.
 

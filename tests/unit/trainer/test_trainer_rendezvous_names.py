@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
-from ebbflow_trainer import rendezvous
+from ebbflow_trainer.launch import rendezvous
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
 

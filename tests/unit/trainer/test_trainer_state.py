@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from ebbflow_trainer import state
+from ebbflow_trainer.launch import state
 
 
 class _RunsCode:

@@ -7,7 +7,7 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-from ebbflow_trainer import rendezvous
+from ebbflow_trainer.launch import rendezvous
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""ebbflow_trainer.warm_forkserver: the workers' forkserver is forked from the launcher (no second
+"""ebbflow_trainer.launch.warm_forkserver: the workers' forkserver is forked from the launcher (no second
 interpreter, nothing imported twice), serves workers as multiprocessing's own does, and is started
 the usual way when the launcher already runs other threads."""
 
@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     """
     import multiprocessing, os, sys, threading
     from multiprocessing import forkserver
-    from ebbflow_trainer import warm_forkserver
+    from ebbflow_trainer.launch import warm_forkserver
 
     def report(connection):
         connection.send((os.getppid(), "json" in sys.modules))

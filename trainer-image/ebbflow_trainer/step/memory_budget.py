@@ -5,7 +5,7 @@ among the workers sharing it, or the spec's own figure).
 The invariants:
 
 - Only a job with ``spec.bandLimit`` has its ``Conv2d`` layers band-limited (at rate 0, exact; see
-  :mod:`ebbflow_trainer.bandlimit`) and carries a rate; without it nothing here runs and the step's
+  :mod:`ebbflow_trainer.step.bandlimit`) and carries a rate; without it nothing here runs and the step's
   message is the one it was before the feature existed.
 - The rates are ``RATES`` up to ``maxCompressionRate``, the same list on every worker.
 - Rank 0 reads the budget file (the kubelet's projection of the pod's memory-budget annotation; see
@@ -38,12 +38,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ebbflow_trainer.api import TrainingSpec
-from ebbflow_trainer.bandlimit import set_compression_rate
 from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.data import to_device
 from ebbflow_trainer.projected import ProjectedFile
+from ebbflow_trainer.step.bandlimit import set_compression_rate
 
-log = logging.getLogger("ebbflow_trainer.memory_budget")
+log = logging.getLogger("ebbflow_trainer.step.memory_budget")
 
 RATES = (0.0, 0.25, 0.5, 0.75)
 MIB = 1 << 20

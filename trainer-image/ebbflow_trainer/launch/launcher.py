@@ -27,8 +27,8 @@ from pathlib import Path
 
 from ebbflow_api import contract
 
-from ebbflow_trainer import warm_forkserver
 from ebbflow_trainer.config import TrainerConfig
+from ebbflow_trainer.launch import warm_forkserver
 from ebbflow_trainer.termination import write_termination_message
 
 # A rendezvous store lost for longer than --store-loss-timeout: a real failure (the operator replaces
@@ -41,7 +41,7 @@ class Markers:
     """The LEFT and TRAINING markers of the pod's workers, one pair per local rank (see :mod:`.state`)."""
 
     def __init__(self, state_dir: Path, nproc_per_node: int):
-        from ebbflow_trainer.state import LEFT_MARKER, TRAINING_MARKER, local_dir
+        from ebbflow_trainer.launch.state import LEFT_MARKER, TRAINING_MARKER, local_dir
 
         directories = [local_dir(state_dir, r) for r in range(nproc_per_node)]
         for directory in directories:
@@ -65,7 +65,7 @@ def _prepare_process(config: TrainerConfig) -> None:
     """Logging, torch elastic's environment switches and the workers' forkserver, before the agent."""
     import multiprocessing
 
-    from ebbflow_trainer.preload import ENV_PRELOAD_SCRIPT
+    from ebbflow_trainer.launch.preload import ENV_PRELOAD_SCRIPT
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("torch.distributed.elastic").setLevel(logging.INFO)
@@ -79,7 +79,7 @@ def _prepare_process(config: TrainerConfig) -> None:
     # Workers are forked from a forkserver that has already imported torch and the script; the
     # forkserver itself is forked from this process, which imported torch already (warm_forkserver).
     os.environ[ENV_PRELOAD_SCRIPT] = config.spec
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["ebbflow_trainer.preload"])
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["ebbflow_trainer.launch.preload"])
     warm_forkserver.start()
 
 
@@ -89,9 +89,9 @@ def run(config: TrainerConfig) -> int:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.rendezvous import RendezvousClosedError
 
-    from ebbflow_trainer.agent import EbbflowAgent, FatalWorkerExit, shutdown_option
-    from ebbflow_trainer.rendezvous import GenerationRendezvousHandler, StoreLost
-    from ebbflow_trainer.worker import run_worker
+    from ebbflow_trainer.launch.agent import EbbflowAgent, FatalWorkerExit, shutdown_option
+    from ebbflow_trainer.launch.rendezvous import GenerationRendezvousHandler, StoreLost
+    from ebbflow_trainer.launch.worker import run_worker
 
     _prepare_process(config)
     markers = Markers(Path(config.state_dir), config.nproc_per_node)

@@ -39,17 +39,19 @@ import torch.distributed as dist
 from ebbflow_api import contract
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-from ebbflow_trainer import global_batch, memory_budget, metrics, state
+from ebbflow_trainer import global_batch, metrics
 from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.batching import DynamicBatchingController
 from ebbflow_trainer.config import TrainerConfig
-from ebbflow_trainer.engine import ReductionFailed, Requests, StepResult, VirtualNodeEngine
-from ebbflow_trainer.rendezvous import connect, generation_store
+from ebbflow_trainer.launch import state
+from ebbflow_trainer.launch.rendezvous import connect, generation_store
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
+from ebbflow_trainer.step import memory_budget
+from ebbflow_trainer.step.engine import ReductionFailed, Requests, StepResult, VirtualNodeEngine
 from ebbflow_trainer.termination import write_termination_message
 
 EXIT_REFORM = 75
-log = logging.getLogger("ebbflow_trainer.worker")
+log = logging.getLogger("ebbflow_trainer.launch.worker")
 BATCH_LOG = "from step %s the global batch size is %s (was %s): %s samples per virtual node"
 RATE_LOG = "from step %s the compression rate is %s (was %s)"
 

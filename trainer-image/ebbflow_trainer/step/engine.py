@@ -8,7 +8,7 @@ so a step means the same thing for any number of workers.
 assignment of virtual nodes to workers, by one of two methods chosen from the model's size alone
 (``method``; the same on every worker and in every world):
 
-- exact sums (:mod:`ebbflow_trainer.exact`), when V rows would take more than ``row_table_limit``
+- exact sums (:mod:`ebbflow_trainer.step.exact`), when V rows would take more than ``row_table_limit``
   bytes (2 MiB): a small all-reduce(MAX) first agrees, per block of 4096 values, on a fixed-point
   grid; every worker rounds each of its virtual nodes' rows onto that grid (one int64 per value),
   adds the integers and all-reduces one row of them; the mean is decoded once. Integer addition is
@@ -23,7 +23,7 @@ assignment of virtual nodes to workers, by one of two methods chosen from the mo
 
 ``fast`` mode adds a worker's virtual-node gradients in floating point into one message of the
 parameters' dtype and all-reduces it in buckets while the last virtual node's backward pass runs, as
-DDP does (:mod:`ebbflow_trainer.buckets`): the least traffic and communication hidden behind
+DDP does (:mod:`ebbflow_trainer.step.buckets`): the least traffic and communication hidden behind
 computation, equal to deterministic mode within float rounding.
 
 Buffers (BatchNorm running statistics and the like) follow the same rule as gradients: every virtual
@@ -36,19 +36,19 @@ The message also carries, per worker, its compute time (for dynamic batching; wi
 the float64's bits, which the sum reproduces exactly), one "leave" flag (any worker asked
 to stop at this step boundary) and rank 0's requests: for a job with ``maxGlobalBatchSize`` a new
 global batch B (:mod:`ebbflow_trainer.global_batch`), for a job with ``bandLimit`` a compression rate
-for the band-limited convolutions (:mod:`ebbflow_trainer.memory_budget`), so none of them costs an
+for the band-limited convolutions (:mod:`ebbflow_trainer.step.memory_budget`), so none of them costs an
 extra collective.
 The engine computes each step with the current B (``position``: V stays fixed, B / V samples per
 virtual node) and switches when told to, between steps.
 
 A step whose reduced loss or gradient is not finite (NaN or infinity in any virtual node spreads
 through the sum; exact sums carry non-finite values beside their grid, see
-:mod:`ebbflow_trainer.exact`) is skipped: parameters, buffers, optimizer state and the learning-rate
+:mod:`ebbflow_trainer.step.exact`) is skipped: parameters, buffers, optimizer state and the learning-rate
 estimates stay those of the last finite step. Every worker reads the same reduced message, so every
 worker skips the same steps. ``nonfinite_streak`` counts the skipped steps in a row; it is part of the
 handed-over state, so a world that re-forms in the middle of a streak keeps counting. With fp16 loss
 scaling a gradient overflow under a finite loss is skipped too but not counted (see
-:mod:`ebbflow_trainer.update`, which also holds clipping and the LR schedule; batches come from
+:mod:`ebbflow_trainer.step.update`, which also holds clipping and the LR schedule; batches come from
 :mod:`ebbflow_trainer.data`).
 """
 
@@ -62,16 +62,17 @@ from typing import Protocol
 
 import torch
 
-from ebbflow_trainer import exact, global_batch, memory_budget
+from ebbflow_trainer import global_batch
 from ebbflow_trainer.api import TrainingSpec
-from ebbflow_trainer.bandlimit import band_limit, set_compression_rate
-from ebbflow_trainer.buckets import GradientBuckets, Pending
 from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.data import VirtualNodeLoader, to_device
 from ebbflow_trainer.evaluation import Evaluation
 from ebbflow_trainer.lr_scaling import GradientNoiseScale, MomentumCorrection, lr_factor, noise_estimates
 from ebbflow_trainer.sharding import DataPosition, derived_seed
-from ebbflow_trainer.update import OptimizerStep
+from ebbflow_trainer.step import exact, memory_budget
+from ebbflow_trainer.step.bandlimit import band_limit, set_compression_rate
+from ebbflow_trainer.step.buckets import GradientBuckets, Pending
+from ebbflow_trainer.step.update import OptimizerStep
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Python's multiprocessing starts its forkserver as a new interpreter, which imports torch again
 (seconds of CPU on every pod start). Forked from the launcher while the launcher has one thread, the
 forkserver begins with everything the launcher imported and then runs multiprocessing's own
-forkserver loop, preloading `ebbflow_trainer.preload` as before; workers are forked from it as
+forkserver loop, preloading `ebbflow_trainer.launch.preload` as before; workers are forked from it as
 before, and torch elastic finds it running. Where the launcher already has other threads (forking
 them is unsafe) or the standard library's forkserver differs from the one this was written for,
 multiprocessing starts it the usual way.

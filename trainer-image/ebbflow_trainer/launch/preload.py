@@ -14,7 +14,7 @@ import os
 import torch
 import torch.distributed
 
-import ebbflow_trainer.worker  # noqa: F401 - imported for its import cost
+import ebbflow_trainer.launch.worker  # noqa: F401 - imported for its import cost
 from ebbflow_trainer.api import load_spec
 
 # The launcher names the training script here before the forkserver starts.

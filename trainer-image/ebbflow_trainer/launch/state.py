@@ -32,11 +32,11 @@ import numpy as np
 import torch
 
 from ebbflow_trainer.config import batch_violation
-from ebbflow_trainer.engine import VirtualNodeEngine
-from ebbflow_trainer.memory_budget import Footprint
 from ebbflow_trainer.sharding import DataPosition
+from ebbflow_trainer.step.engine import VirtualNodeEngine
+from ebbflow_trainer.step.memory_budget import Footprint
 
-log = logging.getLogger("ebbflow_trainer.state")
+log = logging.getLogger("ebbflow_trainer.launch.state")
 
 HANDOFF_FILE = "handoff.pt"
 CHECKPOINT_FILE = "checkpoint.pt"
