@@ -1,46 +1,16 @@
 """Per-job plan: from what is observed now (pods, nodes, the job's recorded status) and the allocator's
 size, which pods to create and delete, which events to record and what status to write. Pure.
 
+`plan_job` runs small pure steps in order (listed there); `readiness` holds the job's lifecycle.
 The job's status is the operator's durable record: `workerNodes` lists the bound workers seen in the
-previous pass, so a worker that vanished without the operator deleting it was preempted (its node
-deleted, a NoExecute taint, an eviction). The plan writes status before it deletes anything, so a
-crash in between leaves extra pods (deleted next pass), never a miscounted preemption.
+previous pass, so a worker that vanished without the operator deleting it was preempted.
 
-`plan_job` runs small pure steps in order; each decides one thing from the observation and the small
-frozen values the steps before it returned:
-
-    classify                 workers -> active, lost (and why), failed, succeeded, being taken
-    end_of_job               exits -> Failed (a fatal exit code's reason, TooManyFailures) or
-                             Succeeded; clean-up
-    pending_timeout          workers the scheduler refused for too long -> withdrawn, and a hold
-    target_size              allocator's size, hold, spec.replicas.min -> how many workers to have
-    resize                   the scale-down's `victims` or the policy's `movers`, `new_workers`,
-                             the world generation
-    rendezvous_and_services  the rendezvous pod (replaced when it ends), the job's Service and
-                             NetworkPolicy
-    global_batch             (spec.maxGlobalBatchSize only) the policy's B -> the workers'
-                             annotations to change and status.globalBatchSize
-    memory_budget            (spec.bandLimit only) the job's GPU memory budget (gpu_memory.py) ->
-                             the workers' annotations to change
-    job_status               `readiness` (phase, Ready), `schedulable`, `rescale_reason`, `history`
-
-The job's lifecycle, status.phase (`ebbflow_api.models.Phase`), decided anew every pass:
-
-    Pending    fewer than spec.replicas.min workers ready (new, no GPUs for min, held after a timeout)
-    Scaling    at least min ready, but workers are still being added, removed or getting ready
-    Running    every desired worker ready and nothing to create or delete, or (training over) a
-               worker has succeeded and the others are finishing
-    Succeeded  a worker finished training and none is still active        (final)
-    Failed     a worker exited with a code in contract.FATAL_EXIT_REASONS (InvalidConfig,
-               NonFiniteLoss: no restart can cure it), or real failures exceeded spec.maxRestarts (final)
-
-    Pending <-> Scaling <-> Running;  any of them -> Succeeded | Failed;  a final phase never changes.
-
-Invariants: a worker is counted (as a preemption or a restart) only while the status records it, and
-the status written with the count drops it, so a repeated pass never counts it twice. The world
-generation moves exactly when the set of workers changes, so one world's workers share its number. An
-ended job gets no new pods or Services; its pods go as spec.cleanPodPolicy says. Once a worker has
-succeeded the job neither grows nor replaces workers: the others are finishing too.
+Invariants: the plan writes status before it deletes anything, so a crash in between leaves extra
+pods (deleted next pass), never a miscounted preemption; a worker is counted (as a preemption or a
+restart) only while the status records it, and the status written with the count drops it, so a
+repeated pass never counts it twice. The world generation moves exactly when the set of workers
+changes. An ended job gets no new pods or Services; once a worker has succeeded the job neither
+grows nor replaces workers.
 """
 
 from __future__ import annotations
@@ -301,7 +271,24 @@ class StatusUpdate:
 
 
 def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) -> Plan:
-    """The steps in order; each reads the observation and the values the steps before it returned."""
+    """The steps in order; each decides one thing from the observation and the small frozen values the
+    steps before it returned:
+
+        classify                 workers -> active, lost (and why), failed, succeeded, being taken
+        end_of_job               exits -> Failed (a fatal exit code's reason, TooManyFailures) or
+                                 Succeeded; clean-up
+        pending_timeout          workers the scheduler refused for too long -> withdrawn, and a hold
+        target_size              allocator's size, hold, spec.replicas.min -> how many workers to have
+        resize                   the scale-down's `victims` or the policy's `movers`, `new_workers`,
+                                 the world generation
+        rendezvous_and_services  the rendezvous pod (replaced when it ends), the job's Service and
+                                 NetworkPolicy
+        global_batch             (spec.maxGlobalBatchSize only) the policy's B -> the workers'
+                                 annotations to change and status.globalBatchSize
+        memory_budget            (spec.bandLimit only) the job's GPU memory budget (gpu_memory.py) ->
+                                 the workers' annotations to change
+        job_status               `readiness` (phase, Ready), `schedulable`, `rescale_reason`, `history`
+    """
     workers = children(job, observed.pods, contract.ROLE_WORKER)
     seen = classify(workers, job.status.worker_nodes, observed.nodes, job)
     ending = end_of_job(job, workers, seen)
@@ -745,11 +732,24 @@ def readiness(
     final: Phase | None,
     finished: int = 0,
 ) -> tuple[Phase, ConditionUpdate]:
-    """The phase and the Ready condition. A final phase stays (and the job is no longer Ready);
-    while `finished` workers have succeeded and the others are finishing too, the job stays Running
-    (their ready count falling is the end of training, not a lack of workers); otherwise Pending
-    below `minimum` ready workers, Running once all `target` workers exist and are ready with
-    nothing left to create or delete but pods that run nowhere (`settled`), Scaling in between."""
+    """The phase and the Ready condition: the job's lifecycle (status.phase, `ebbflow_api.models.Phase`),
+    decided anew every pass.
+
+        Pending    fewer than spec.replicas.min workers ready (new, no GPUs for min, held after a timeout)
+        Scaling    at least min ready, but workers are still being added, removed or getting ready
+        Running    every desired worker ready and nothing to create or delete, or (training over) a
+                   worker has succeeded and the others are finishing
+        Succeeded  a worker finished training and none is still active        (final)
+        Failed     a worker exited with a code in contract.FATAL_EXIT_REASONS (InvalidConfig,
+                   NonFiniteLoss: no restart can cure it), or real failures exceeded spec.maxRestarts
+
+        Pending <-> Scaling <-> Running;  any of them -> Succeeded | Failed;  a final phase never changes.
+
+    A final phase stays (and the job is no longer Ready); while `finished` workers have succeeded and
+    the others are finishing too, the job stays Running (their ready count falling is the end of
+    training, not a lack of workers); otherwise Pending below `minimum` ready workers, Running once
+    all `target` workers exist and are ready with nothing left to create or delete but pods that run
+    nowhere (`settled`), Scaling in between."""
     if final is not None:
         return final, ConditionUpdate(READY, False, str(final), f"the job {str(final).lower()}")
     if finished:

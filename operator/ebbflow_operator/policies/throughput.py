@@ -3,50 +3,15 @@
 One optimiser step of a data-parallel job on K workers (Pollux, OSDI'21, eq. 8):
 
     T_iter(K, m, s) = s * T_acc + (T_acc^gamma + T_net^gamma)^(1/gamma)
-    T_acc(m)        = alpha_c + beta_c * m                    (forward+backward of one micro-batch)
-    T_net(K, place) = 0 for K == 1, else alpha + beta * (K - 2)  (gradient sync; separate
-                      (alpha, beta) for workers on one node and for workers spread over nodes)
 
-`s` is the number of gradient-accumulation micro-batches before the synchronising one; `gamma` in
-[1, 10] says how much the last backward pass overlaps the sync (1: none, 10: almost fully).
-Ebbflow splits the global batch B into V (fixed) virtual nodes of B/V samples: a worker processes
-ceil(V/K) of them, so m = B/V and s = ceil(V/K) - 1 (`step_shape`); workers beyond V idle.
+with compute T_acc(m) = alpha_c + beta_c * m per micro-batch and sync T_net by placement class. The
+global batch B is split into V virtual nodes: m = B/V and s = ceil(V/K) - 1 (`step_shape`).
+Time-slicing (`slowdown`), contention between a node's busy devices, a per-step overhead and GPU
+types scale the compute; goodput is throughput x statistical efficiency (phi + M0) / (phi + M).
 
-Time-slicing: a placement's `share` (>= 1) is how many workers share each physical GPU on the
-job's most contended node; compute runs `share` times slower there, plus TIME_SLICE_OVERHEAD for
-the context switches (an assumed constant), and synchronous training waits for the slowest
-worker, so T_acc is multiplied by `slowdown(share)`. Exclusive devices are therefore preferred.
-When V/K is not whole, the workers holding one virtual node fewer finish first and leave their
-device to the slowest ones (processor sharing, `slowdown(share, batches, tail)`); callers that know
-only the device's share (other jobs' workers on it) keep the even split (tail 1).
-
-Contention: workers busy on one node also slow each other's compute when each has its own device
-(shared CPU, memory bandwidth, PCIe, the collective's threads): T_acc is multiplied by
-1 + contention x (busy devices on the node - 1), with `contention` fitted from compute measured at
-different numbers of workers per node (0 until such measurements exist).
-
-Per-step overhead: `overhead` seconds (optimiser update, bookkeeping) added once per step, fitted
-from single-worker steps (where no sync hides it); without them the sync line absorbs it.
-
-GPU types: a placement's `speed` is the relative compute speed of the slowest GPU type among the
-job's nodes (1 for the reference type); T_acc is divided by it. A measurement taken on a type of
-known speed is normalised back to the reference before fitting (sync is taken to be type-free).
-
-Fitting (`fit`) is plain Python (numpy is not an operator dependency): the compute line by
-linear least squares on the measured compute seconds, each divided by its time-slicing and
-contention factors, with the contention found by golden-section search for the least squared error
-in compute seconds; the overhead as the least single-worker step time beyond its compute;
-then, for each gamma on a coarse log grid refined by golden-section search, the per-measurement
-sync time implied by the model is fitted with one line per placement class, and the gamma with the
-least squared error in *step time* wins. Classes without measurements keep the prior's line. Every
-fitted value is >= 0, so predictions are positive and T_iter never falls when K or m grows past the
-sync's start.
-
-Goodput = throughput x statistical efficiency E(M) = (phi + M0) / (phi + M) (phi: gradient noise
-scale, M0: the batch the job was tuned for). With the batch fixed (M == M0), E == 1. A job that
-may change its batch (`JobModel.max_batch`) runs at the candidate B with the most goodput at its
-placement: B0 x powers of two below the max, and the max, all multiples of V (a small grid rather
-than a search: a handful of evaluations per placement, and goodput in B is flat near its optimum).
+Invariants: every fitted value is >= 0, so predictions are positive and T_iter never falls when K or
+m grows past the sync's start; classes without measurements keep the prior's line. The terms and the
+fit, in full: docs/design/throughput-model.md.
 """
 
 from __future__ import annotations

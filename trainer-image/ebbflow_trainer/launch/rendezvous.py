@@ -1,57 +1,16 @@
 """The job's rendezvous: a store served by its own process, and the handler the elastic agents use.
 
-Stock torchrun hosts the c10d store inside the first agent (its death ends the job) and hands workers
-a bootstrap store on the rank-0 agent that it caches for the agent's lifetime, so after rank 0 dies the
-survivors keep dialling a dead address. Here the store lives in the rendezvous pod
-(``ebbflow-train rendezvous``) and workers bootstrap every world from it, under a generation number
-that the agents of one rendezvous round agree on.
+The store lives in the rendezvous pod (``ebbflow-train rendezvous``), not inside an agent, and
+workers bootstrap every world from it under a generation number the agents of one round agree on.
+:class:`GenerationRendezvousHandler` survives the store's loss (it probes the address anew and
+joins a round of the replacement; :class:`StoreLost` after ``--store-loss-timeout``), reports a
+waiting node when its node was dropped from the world, and bounds the agent's poll so that a store
+call that never returns is taken for a lost connection (``HUNG_CALL_GRACE``).
 
-**Store loss.** The store is one process in one pod; when its node goes, the operator starts a
-replacement under the same DNS name, and the new store is empty. A TCPStore client never reconnects,
-and torch's handler raises on the first failed store call, which used to end every launcher with exit
-1 within a second. :class:`GenerationRendezvousHandler` instead takes a failed store call for the
-store's loss: it stops its heartbeats and reports no waiting node, so the running world trains on
-(gloo needs the store only to bootstrap), and it probes the address (resolving the name anew each
-time: the replacement has another IP). Once a store answers there it
-connects afresh (a new client, a new torch handler over the new store's empty state) and reports a
-waiting node: the agent stops its workers at a step boundary (their state handed over in memory) and
-every launcher joins a round of the new store. A launcher that needs a round while the store is away
-waits for it there. A store not back within ``--store-loss-timeout`` of its loss raises
-:class:`StoreLost`.
-
-**Dropped from the world.** Torch's peers remove a node whose heartbeats stop for
-``keep_alive_interval * keep_alive_max_attempt`` seconds (a stalled process, an overloaded node) and,
-once the round has no participant left, start the next round without it; nothing tells the dropped
-node, whose own workers train on. Two worlds of one job then trained side by side (seen on a loaded
-e2e cluster: a shrunk job's one survivor kept training while two newcomers formed a world "from
-fresh"). So :meth:`GenerationRendezvousHandler.num_nodes_waiting`, which the agent polls while its
-workers train, also reports a waiting node when this node is no longer a participant: the agent stops
-its workers at a step boundary and joins the current round, where the freshest state wins.
-
-**A store call that never returns.** TCPStore's timeout does not bound every call: on a connection
-that stops carrying packets (a network partition; seen on a loaded kind cluster between one worker
-and its store for about a minute), a ``get`` waits its timeout, then sends a cancellation and waits
-for the answer without any limit, so it hangs until the kernel gives up on the connection (about 15
-minutes). Torch's heartbeat thread hung that way holding its lock, and the agent's next
-``num_nodes_waiting`` blocked on the lock: the pod stayed Running and Ready, out of its job's world,
-for good. So the agent's poll runs with a bound (the store timeout plus ``HUNG_CALL_GRACE``); past it,
-the connection is taken for lost like a lost store: the handler and its client are abandoned (their
-stuck thread is left to the kernel) and the launcher connects afresh and re-forms the world.
-
-**Joining under load.** Torch's rendezvous loop names every step it records with
-``dynamic_rendezvous.get_method_name``, which calls ``inspect.stack()`` twice: that resolves the source
-file of every frame by scanning ``sys.modules`` (python/cpython#92041), tens of milliseconds in a
-process that imported torch, several times per loop pass. On a 2-core machine running six launchers
-beside other work, a pass then took longer than the 3 s heartbeat budget, so the joining nodes kept
-declaring each other dead and re-adding themselves: six launchers that had all joined never formed
-their world (found by the trainer tier's six-worker test beside another suite; py-spy put ~90 % of
-their time there). This module replaces it with the same answer read from the frame itself.
-
-Invariants: generation numbers only increase over the job's life, whatever store hands them out
-(before joining a round, each node raises the store's counter to the newest generation it ran, and
-the round's rank 0 takes the next number after all members have); nothing the old store held is
-needed to continue (the workers' state is in their own memory); while no store answers, each call
-from the agent costs it at most one probe (``PROBE_TIMEOUT``).
+Invariants: generation numbers only increase over the job's life, whatever store hands them out;
+nothing the old store held is needed to continue (the workers' state is in their own memory); while
+no store answers, each call from the agent costs it at most one probe (``PROBE_TIMEOUT``).
+Why each of these, and what was seen without them: docs/design/rendezvous.md.
 """
 
 from __future__ import annotations

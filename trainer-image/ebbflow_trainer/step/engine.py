@@ -1,55 +1,16 @@
 """One training step over virtual nodes: local gradient computation, the message to reduce, the update.
 
 Each virtual node k computes, from the step's starting parameters and buffers, the gradient of the
-mean loss over its B/V samples. The step's gradient is the plain mean of the V virtual-node gradients,
-so a step means the same thing for any number of workers.
+mean loss over its B/V samples; the step's gradient is the plain mean of the V virtual-node
+gradients, so a step means the same thing for any number of workers. ``deterministic`` mode gives
+bitwise identical parameters for every world size and assignment of virtual nodes (exact sums,
+:mod:`ebbflow_trainer.step.exact`, or a row table for small models); ``fast`` mode all-reduces one
+floating-point message in buckets while the backward pass runs, as DDP does.
 
-``deterministic`` mode gives bitwise identical parameters for every world size and every
-assignment of virtual nodes to workers, by one of two methods chosen from the model's size alone
-(``method``; the same on every worker and in every world):
-
-- exact sums (:mod:`ebbflow_trainer.step.exact`), when V rows would take more than ``row_table_limit``
-  bytes (2 MiB): a small all-reduce(MAX) first agrees, per block of 4096 values, on a fixed-point
-  grid; every worker rounds each of its virtual nodes' rows onto that grid (one int64 per value),
-  adds the integers and all-reduces one row of them; the mean is decoded once. Integer addition is
-  associative, so the result depends on the V rows only. Traffic and memory do not grow with V:
-  8 bytes per value (twice a float32 row) plus 8 bytes per block. The mean's error is at most
-  2**(ceil(log2 V) - 62) times the largest |value| of its block plus 2**-51 of itself, before
-  rounding to the parameters' dtype.
-- the row table, for small models: one row per virtual node, each filled by exactly one worker and
-  zero elsewhere (the sum reproduces it exactly), added in virtual-node order after the all-reduce.
-  V times the traffic, but one round trip and no encoding, which is faster while the table is small
-  (``bench/deterministic_traffic.py``).
-
-``fast`` mode adds a worker's virtual-node gradients in floating point into one message of the
-parameters' dtype and all-reduces it in buckets while the last virtual node's backward pass runs, as
-DDP does (:mod:`ebbflow_trainer.step.buckets`): the least traffic and communication hidden behind
-computation, equal to deterministic mode within float rounding.
-
-Buffers (BatchNorm running statistics and the like) follow the same rule as gradients: every virtual
-node starts from the step's buffers, and the step's new floating-point buffers are the mean over
-virtual nodes of their updated values. BatchNorm therefore normalizes with the statistics of a
-virtual node's B/V samples (like per-GPU BatchNorm in DDP), independent of the world size. Integer
-buffers (``num_batches_tracked``) advance identically on every virtual node and are kept as computed.
-
-The message also carries, per worker, its compute time (for dynamic batching; with exact sums as
-the float64's bits, which the sum reproduces exactly), one "leave" flag (any worker asked
-to stop at this step boundary) and rank 0's requests: for a job with ``maxGlobalBatchSize`` a new
-global batch B (:mod:`ebbflow_trainer.global_batch`), for a job with ``bandLimit`` a compression rate
-for the band-limited convolutions (:mod:`ebbflow_trainer.step.memory_budget`), so none of them costs an
-extra collective.
-The engine computes each step with the current B (``position``: V stays fixed, B / V samples per
-virtual node) and switches when told to, between steps.
-
-A step whose reduced loss or gradient is not finite (NaN or infinity in any virtual node spreads
-through the sum; exact sums carry non-finite values beside their grid, see
-:mod:`ebbflow_trainer.step.exact`) is skipped: parameters, buffers, optimizer state and the learning-rate
-estimates stay those of the last finite step. Every worker reads the same reduced message, so every
-worker skips the same steps. ``nonfinite_streak`` counts the skipped steps in a row; it is part of the
-handed-over state, so a world that re-forms in the middle of a streak keeps counting. With fp16 loss
-scaling a gradient overflow under a finite loss is skipped too but not counted (see
-:mod:`ebbflow_trainer.step.update`, which also holds clipping and the LR schedule; batches come from
-:mod:`ebbflow_trainer.data`).
+Invariants: floating-point buffers are averaged over virtual nodes like gradients; every worker reads
+the same reduced message, so every worker switches batch size or compression rate at the same step
+and skips the same non-finite steps (counted in ``nonfinite_streak``, part of the handed-over state).
+How each mode works and what the message carries: docs/design/step.md.
 """
 
 from __future__ import annotations
