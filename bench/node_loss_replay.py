@@ -27,7 +27,7 @@ from ebbflow_devtools.builders import NOW, JobBuilder, make_job, make_node, make
 from ebbflow_operator.decision.allocator import PriorityFairShare
 from ebbflow_operator.decision.decide import OperatorConfig, decide
 from ebbflow_operator.decision.model import Job, Node, Pod
-from ebbflow_operator.decision.planner import Plan
+from ebbflow_operator.decision.plan import Plan
 
 from bench.decide_scale import GPUS_PER_NODE, MAX, MIN, children
 

@@ -1,21 +1,12 @@
 """How a training job came through a disruption, read from its trainers' own journals, never from pod
-phases (bench/vs_kubeflow.py compares Ebbflow with Kubeflow's PyTorchJob this way).
+phases (bench/vs_kubeflow.py compares Ebbflow with Kubeflow's PyTorchJob this way). Pure.
 
-Both systems' records become one `Timeline` of worlds and steps. A *world* is one group of worker
-processes training together: an Ebbflow generation (its rank 0's ``generation`` record), or one start of
-the torchrun baseline's processes (its ``start`` record). Every step record belongs to the latest world
-started before it. A disruption's figures:
-
-- ``resumed_after_s``: from the disruption to the first step completed by a world that started after
-  it (None: no such step before ``until``);
-- ``steps_lost``: the newest step completed before that world started, less the step it resumed from
-  (work done again);
-- ``source``: what that world resumed from (Ebbflow: memory, peer or checkpoint; torchrun: checkpoint,
-  or fresh at step 0);
-- ``worlds_started``: worlds started between the disruption and that first step (more than one: the
-  job restarted again before it trained, e.g. a crash loop).
-
-Pure: records in, figures out.
+Both systems' records become one `Timeline` of worlds (an Ebbflow generation, or one start of the
+torchrun baseline's processes) and steps; every step belongs to the latest world started before it.
+A disruption's figures: ``resumed_after_s`` (to the first step of a world started after it; None if
+none before ``until``), ``steps_lost`` (work done again), ``source`` (what that world resumed from:
+memory, peer, checkpoint or fresh) and ``worlds_started`` (more than one: it restarted again before
+it trained, e.g. a crash loop).
 """
 
 from __future__ import annotations

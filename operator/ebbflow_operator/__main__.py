@@ -19,7 +19,7 @@ import kopf
 from kubernetes import client, config
 
 from . import handlers  # noqa: F401  (registers the kopf handlers)
-from .decision.planner import PlannerConfig
+from .decision.plan import PlannerConfig
 from .kube import KubeIO
 from .leader import ElectionConfig, Elector
 from .metrics import Metrics

@@ -8,11 +8,10 @@ Each replica decides anew at every tick from the Lease it reads and its clock (`
     held by another, renewed < duration ago    -> STAND_BY
     held by nobody, or its renewal expired     -> TAKE_OVER  (leaseTransitions + 1)
 
-Writes carry the resourceVersion read, so two replicas racing for one Lease cannot both win: the
-loser's write is refused (409) and it stands by. Invariant: a leader stops acting once
-`renew_deadline` has passed since its last successful renewal (`leads`), and `renew_deadline` is
-shorter than the lease duration, so it has stopped before any other replica may take the Lease.
-Like client-go, this assumes clocks that agree to well within that margin.
+Invariants: writes carry the resourceVersion read, so of two replicas racing for one Lease the loser's
+write is refused (409); a leader stops acting once `renew_deadline` (shorter than the lease duration)
+has passed since its last renewal, before any other replica may take the Lease (clocks assumed to
+agree to well within that margin, as client-go assumes).
 """
 
 from __future__ import annotations

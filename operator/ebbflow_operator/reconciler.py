@@ -31,7 +31,7 @@ from .decision import manifests
 from .decision.allocator import Policy, PriorityFairShare
 from .decision.decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
 from .decision.model import Job, JobKey, Json, Node, Pod, parse_job, parse_node, parse_pod
-from .decision.planner import Plan
+from .decision.plan import Plan
 from .errors import KubeError
 from .metrics import JobSample, Metrics
 from .policies import policy_named

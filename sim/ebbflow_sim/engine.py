@@ -1,19 +1,11 @@
 """The discrete-event loop: jobs arrive, train, finish; spot nodes vanish and come back; policies decide.
 
-Events: arrivals, completions (computed from each running job's rate), node preemptions and
-additions, a loss snapshot at the cutoff, and allocation passes. A pass runs after any event that
-changes demand or capacity (coalesced over `debounce_s`, like the operator's debounce) and at least
-every `tick_s` while jobs remain (the operator's resync). A pass calls the policy's `decide()`
-(the counts, and goodput's batches and moves) with the demands
-`allocation.demand` builds, places the counts (`Placer`), applies the batches and charges:
-- a resize of a running job (count or nodes changed, a goodput move onto one node included):
-  `rescale_pause_s` without progress (the trainer's measured pause is 1.4-6 s; 5 s by default),
-  counted in `rescales`;
-- a (re)start after losing every worker: `restart_s` (pods rescheduled, checkpoint loaded);
-- a change of a running job's global batch (goodput, jobs with `max_batch`): nothing (`_rebatch`);
-- a preemption: rigid jobs lose every worker and roll back to their last checkpoint; elastic jobs
-  lose the preempted node's workers and pause once, unless fewer than min survive (then they
-  stop: survivors hand over a checkpoint; none left rolls back).
+Events: arrivals, completions (from each running job's rate), node preemptions and additions, a loss
+snapshot at the cutoff, and allocation passes (after any event that changes demand or capacity,
+coalesced over `debounce_s`, and at least every `tick_s`). A pass calls the policy's `decide()`,
+places the counts (`Placer`), applies the batches and charges: a resize `rescale_pause_s`; a
+(re)start after losing every worker `restart_s`; a change of batch nothing; a preemption rolls rigid
+jobs back to their checkpoint and pauses elastic ones once (or stops them below min).
 A first start costs nothing, so a lone job finishes at exactly work / goodput.
 
 Invariants: time only moves forward; allocated GPUs never exceed a node's advertised GPUs; the

@@ -1,16 +1,11 @@
 """Job traces for the simulator: a seeded synthetic generator shaped like published cluster traces, and CSV.
 
-Shapes (Philly, ATC'19; Helios, SC'21): most jobs ask for 1-8 GPUs and a few for 16-64 (a discrete,
-heavy-tailed size mix); run times are log-normal with a heavy tail (median tens of minutes, some
-days); arrivals are Poisson. The arrival rate is derived from an offered load (GPU-seconds asked
-over GPU-seconds available during the arrival window), so a trace stresses any cluster size alike.
+Shapes (Philly, ATC'19; Helios, SC'21): a heavy-tailed size mix (most jobs 1-8 GPUs, a few 16-64),
+log-normal run times, Poisson arrivals at a rate derived from an offered load. Each job carries its
+*true* models, which the engine advances it by and the policies only see through reports: a Pollux
+throughput model (costs drawn per job) and a normalised loss curve loss(k) = b / (k + b); a job may
+allow batch adaptation (`max_batch`) and carries a gradient noise scale that grows as its loss falls.
 
-Each job carries its *true* models, which the engine uses to advance it and which the policies only
-see through reports: a Pollux throughput model (`ThroughputParams`; compute and sync costs drawn
-per job, so jobs scale differently) and a normalised loss curve loss(k) = b / (k + b) (1 at step 0,
-halved after b steps). A job may also allow batch adaptation (`max_batch`, the spec's
-maxGlobalBatchSize) and carries a gradient noise scale phi, which grows as its loss falls
-(`noise_growth`); its work is counted in samples at its starting batch's statistical efficiency.
 Invariants: the same config and seed give the same jobs; the batching options leave every other
 field of the trace unchanged; CSV round-trips exactly (floats written with repr).
 """

@@ -1,18 +1,15 @@
 """Stand-ins for CUDA shared libraries in the CPU trainer image: same name, same exported symbols.
 
-The PyPI torch wheel is a CUDA build: `import torch` links libtorch_cuda.so and through it cuBLAS,
-cuFFT, cuSPARSE, NCCL, NVRTC... (2.9 GB) although a process without a GPU never calls into them. A
-stub keeps the dynamic linker satisfied and weighs a few MB: every function it exports is one routine
-that prints which library was called and exits with status 134, every object is zero-filled storage of
-the real size (type_info objects keep their name, which C++ bindings read when they register types),
-thread-local objects stay thread-local, and symbol versions and the SONAME are those of the original.
+The PyPI torch wheel links cuBLAS, cuFFT, cuSPARSE, NCCL, NVRTC... (2.9 GB) although a process without
+a GPU never calls into them. A stub keeps the dynamic linker satisfied and weighs a few MB: each
+exported function prints which library was called and exits with status 134; each object is
+zero-filled storage of the real size (type_info objects keep their name); symbol versions and the
+SONAME are the original's.
 
-Invariants: a stub exports the defined dynamic symbols of the original with their versions, types
-and bindings (less the C++ weak definitions that a library staying real has too) and the original's
-dependencies; nothing in it runs at load time; the few functions `import torch` calls are listed.
-
-Usage: cuda_stubs.py LIBRARY... : each LIBRARY is replaced in place by its stub (binutils' readelf,
-as and ld on PATH). docs/images.md says which libraries the CPU image stubs and how that was checked.
+Invariants: a stub exports the original's defined dynamic symbols with their versions, types and
+bindings, and its dependencies; nothing in it runs at load time. Usage: cuda_stubs.py LIBRARY...
+(each replaced in place; binutils' readelf, as and ld on PATH). docs/images.md says which libraries
+the CPU image stubs and how that was checked.
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
-"""The user API: a training script defines ``build() -> TrainingSpec`` and Ebbflow does the rest.
-
-Example (see ``examples/digits/train.py``)::
-
-    from ebbflow_trainer import TrainingSpec
-
-    def build() -> TrainingSpec:
-        model = torch.nn.Sequential(torch.nn.Linear(64, 10))
-        return TrainingSpec(
-            model=model,
-            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-            dataset=torch.utils.data.TensorDataset(features, labels),
-            loss_fn=lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]),
-            steps=200,
-        )
+"""The user API: a training script defines ``build() -> TrainingSpec`` and Ebbflow does the rest
+(``examples/digits/train.py``; docs/trainer.md).
 
 ``build`` is called in every worker after seeding torch with the job's seed, so all workers start
 from the same parameters. It must not touch ``torch.distributed`` (the trainer owns communication)
 and must not start threads or processes: it also runs once in the forkserver workers are forked from.
 The loss must be the mean over the batch, so a virtual node's gradient is its samples' mean gradient.
 
-Everything a step depends on beyond the parameters (optimizer, LR scheduler, loss scale, the user's
-``extra_state``) is part of the state handed over at every membership change, so a run with
-workers killed, leaving or joining ends exactly where a calm run does. ``TrainingSpec.validate``
-checks the settings when the script is loaded; every error names the field and the fix.
+Invariants: everything a step depends on beyond the parameters (optimizer, LR scheduler, loss scale,
+the user's ``extra_state``) is part of the state handed over at every membership change, so a run
+with workers killed, leaving or joining ends exactly where a calm run does; ``TrainingSpec.validate``
+checks the settings when the script is loaded, every error naming the field and the fix.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """Virtual-node batches, built in the training process or ahead of time by background loader processes.
 
 A batch is ``spec.batch(indices)`` for the indices :func:`sharding.virtual_node_indices` assigns to
-(step, virtual node), built with torch's RNG seeded by (seed, step, virtual node), so random
-transforms in the dataset draw the same numbers wherever and whenever the batch is built:
-``loader_workers`` changes how fast batches are ready, never what they contain.
+(step, virtual node), built with torch's RNG seeded by (seed, step, virtual node). With
+``loader_workers > 0`` a ``torch.utils.data.DataLoader`` builds them ahead (:class:`VirtualNodePlan`
+yields this worker's keys in the order the engine consumes them) and restarts from the new
+assignment or global batch when either changes, dropping what it had built ahead. Its processes are
+forked from the worker (the script's module exists only there), live for one world and are shut
+down by :meth:`VirtualNodeLoader.close`.
 
-With ``loader_workers > 0`` a ``torch.utils.data.DataLoader`` builds them: :class:`VirtualNodePlan`
-(its sampler) yields, for every step from a starting one, this worker's virtual nodes' keys in the
-order the engine consumes them, and the loader processes keep ``prefetch`` batches each ready, so the
-next virtual node's batch is waiting when the current one finishes. The plan assumes the assignment
-and the global batch stay as they are; when either changes (dynamic batching, a new B from the
-operator's policy, see :mod:`.global_batch`) the loader restarts from the new ones and drops what
-it had built ahead. The loader processes are forked from the worker (the script's module
-exists only there, so they cannot be spawned), persist for the worker's life (one world) and are
-shut down by :meth:`VirtualNodeLoader.close`; a loader process whose worker died exits on its own
-(torch's watchdog).
+Invariant: random transforms draw the same numbers wherever and whenever a batch is built, so
+``loader_workers`` changes how fast batches are ready, never what they contain.
 """
 
 from __future__ import annotations

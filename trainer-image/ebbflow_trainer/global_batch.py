@@ -1,25 +1,14 @@
 """Batch-size co-adaptation (Pollux): the global batch B the operator's goodput policy chose, read by
 rank 0 and switched to by every worker at the same step boundary.
 
-Only a job with ``spec.maxGlobalBatchSize`` (``config.max_global_batch_size``) changes B; without it
-the file is never read and the step's message is the same as before the feature existed. The
-invariants:
+Only a job with ``spec.maxGlobalBatchSize`` changes B. Rank 0 alone reads the projected annotation
+(at most once a second, :mod:`ebbflow_trainer.projected`); a value the spec does not allow is ignored
+with one log line per distinct content; an allowed one travels in the step's own all-reduce.
 
-- Rank 0 alone reads the file (the kubelet's projection of the pod's annotation), at most once a
-  second (:mod:`ebbflow_trainer.projected`). An empty, missing or unreadable file asks for nothing.
-  After a world re-forms its rank 0 reads its own pod's file (the operator annotates every worker
-  pod alike); until a request arrives, the world keeps the B of the state it resumed from.
-- A value the spec does not allow (not a whole number, below ``globalBatchSize``, above
-  ``maxGlobalBatchSize``, not a multiple of V; :func:`ebbflow_trainer.config.batch_violation`) is
-  ignored with one log line per distinct file content (per rank-0 process), never sent.
-- The allowed value travels in the step's own all-reduce, in base-256 digits written by rank 0 and
-  zero elsewhere (integers up to 256 are exact in every floating-point message, bfloat16 included),
-  so every worker reads the same request from the same reduced message: no extra round trip. A
-  request carried by step s's message applies from step s + 1 on every worker.
-- V stays fixed; the samples per virtual node become B / V. The data position is anchored where B
-  changed (:class:`ebbflow_trainer.sharding.DataPosition`): no sample is skipped or repeated across
-  the switch. The anchor is part of the handed-over and checkpointed state, so a new world (and a
-  newcomer in it) continues with the B of the state it receives, not the one its environment names.
+Invariants: a request carried by step s's message applies from step s + 1 on every worker; V stays
+fixed and the samples per virtual node become B / V; the data position is anchored where B changed,
+so no sample is skipped or repeated, and the anchor is part of the handed-over state, so a new world
+continues with the B of the state it receives. Details: docs/design/batch.md.
 """
 
 from __future__ import annotations

@@ -1,37 +1,13 @@
 """Learning-rate scaling when the global batch B differs from the batch B0 the learning rate was tuned for.
 
-The virtual-node design keeps B fixed while workers come and go, so scaling is off by default; it
-matters when a job is resumed with a different ``globalBatchSize``, and when the operator's goodput
-policy changes B during the run (``spec.maxGlobalBatchSize``, which requires adascale). Rules:
+Rules: linear (lr0 * B / B0), sqrt (lr0 * sqrt(B / B0)) and adascale (lr0 * r, AdaScale's gain from
+the per-sample gradient variance and the true gradient's squared norm, estimated as Pollux does).
+Momentum correction (``spec.momentumCorrection``) makes one step at B worth r steps at B0 for SGD
+with momentum: m = m0^r, lr = lr0 x r x (1 - m) / (1 - m0), the velocity rescaled when m changes.
 
-- linear: lr = lr0 * B / B0 (Goyal et al.)
-- sqrt:   lr = lr0 * sqrt(B / B0) (Krizhevsky; Hoffer et al.)
-- adascale: lr = lr0 * r, with the AdaScale gain r = (sigma^2 / B0 + mu^2) / (sigma^2 / B + mu^2), where
-  sigma^2 is the per-sample gradient variance (trace of the covariance) and mu^2 the squared norm of the
-  true gradient, both estimated like Pollux does from gradients at two batch sizes (McCandlish et al.).
-
-Momentum (``spec.momentumCorrection``, :class:`MomentumCorrection`): the rules above scale a step
-as if it were worth r steps at B0 (r = B / B0 for linear, sqrt(B / B0), or AdaScale's gain).
-SGD's momentum must follow, or its memory stretches over r times as many samples and the
-effective learning rate lr / (1 - m) is no longer the one the rule meant. In exponential-average
-form, u <- m u + (1 - m) g and w <- w - (lr / (1 - m)) u (torch's velocity is v = u / (1 - m)),
-r steps at B0 with a slowly changing gradient decay u by m0^r and move w by r lr0 / (1 - m0) u. One
-step at B does the same with
-
-    m = m0^r,    lr = lr0 x r x (1 - m) / (1 - m0),    v <- v x (1 - m_before) / (1 - m) at a change,
-
-the last keeping u (what momentum remembers) unchanged when m changes. At B = B0 (r = 1) this is
-the identity. Goyal et al. (2017, "momentum correction") rescale the velocity for an LR change in
-the form where the LR sits inside the velocity; torch's form needs no correction for the LR alone,
-only for the change of m. Keeping 1 / (1 - m) in samples constant follows Smith, Kindermans, Ying
-and Le (2018), who show the SGD noise scale is lr N / (B (1 - m)).
-
-At a switch of B (see :mod:`ebbflow_trainer.global_batch`) the base batch B0 stays the one the learning
-rate was tuned for (``globalBatchSize``, or ``--base-batch-size``). The engine computes the factor at
-every step from the batch that step was computed with, so the first step at the new B already uses
-the gain at the new B: sigma^2 and mu^2 are per-sample quantities that do not depend on B, so the
-smoothed estimates stay valid across the switch, and that step's own estimate (from its batch sizes
-B/V and B) joins the moving average. Optimizer state and the LR schedule carry on unchanged.
+Invariants: at B = B0 every rule is the identity; B0 stays the batch the learning rate was tuned for
+across switches of B; the factor is computed at every step from the batch that step used, and
+optimizer state and LR schedule carry on unchanged. Derivations and references: docs/design/batch.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """A warm parent for the trainer tier's `ebbflow-train` processes (launchers and rendezvous stores).
 
-Each `python -m ebbflow_trainer ...` the tier starts spends about 7 s of CPU importing torch,
-torch._dynamo (the first optimizer pulls it in), torch elastic and scikit-learn's digits before it
-does anything; a scenario starts three to six of them, on two cores shared with the e2e tier. This
-process imports all of that once, then forks each of them on request: the child puts itself in a
-session of its own, takes its environment, working directory and log, and runs
-`ebbflow_trainer.__main__.main` with its arguments, as the exec'd command would. Children are real
-processes (signals, process groups, their own forkservers and workers, real rendezvous); only their
-imports were done before the fork. The exec'd path stays covered wherever the tier names another
-launcher, by the images' smoke test and by the e2e tier.
+It imports torch, torch._dynamo, torch elastic and scikit-learn's digits once (about 7 s of CPU per
+process otherwise), then forks each process on request: the child takes its own session,
+environment, working directory and log and runs `ebbflow_trainer.__main__.main` with its arguments,
+as the exec'd command would. Children are real processes (signals, process groups, their own
+forkservers and workers, real rendezvous); the exec'd path stays covered wherever the tier names
+another launcher, by the images' smoke test and by the e2e tier.
 
 Protocol: JSON lines. Requests on stdin: {"argv": [...], "env": {...}, "cwd": "...", "log": "..."};
 replies on stdout: {"pid": N} for each request in order, {"exited": N, "code": C} when a child ends

@@ -1,17 +1,14 @@
 """One whole pass's decision, pure: observed state, spec and now in, every job's plan out.
 
 `decide` takes what the cache holds (nodes, pods, jobs and the jobs' Services), the operator's
-configuration and the time, and returns the plans the reconcile loop applies. It computes capacity,
-then one allocation across all jobs, then each job's plan (planner.py).
+configuration and the time, and returns the plans the reconcile loop applies: capacity, then one
+allocation across all jobs, then each job's plan (planner.py).
 
 Invariants:
 - Pure: no Kubernetes client, no kopf, no cache, no I/O, no clock; the same inputs give the same
   plans, so a pass can be replayed in a test from plain data.
-- Nothing is carried between calls: whatever a decision depends on is in the inputs (the jobs'
-  recorded status included), which is what lets a restarted operator pick up where it stopped.
-  The one exception is a memo (`PlanMemo`): a plan reused only when everything it was computed
-  from is the very same objects, so it is the plan a fresh computation gives (an empty memo
-  changes no decision, only the time a pass takes).
+- Nothing is carried between calls but a memo (`PlanMemo`) that reuses a plan only when everything
+  it was computed from is the very same objects (an empty memo changes no decision).
 - Finished jobs, and jobs whose workers have started to finish, are planned but get no allocation.
 """
 
@@ -26,7 +23,8 @@ from ebbflow_api import contract
 from .allocator import Demand, Policy, most_used_first
 from .capacity import cluster_capacity, eligible_nodes, matches_selector
 from .model import Job, JobKey, Node, Pod
-from .planner import TERMINAL_PHASES, Observed, Plan, PlannerConfig, hold_cap, plan_job
+from .plan import TERMINAL_PHASES, Observed, Plan, PlannerConfig
+from .planner import hold_cap, plan_job
 
 
 @dataclass(frozen=True)

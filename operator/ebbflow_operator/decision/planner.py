@@ -18,8 +18,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Mapping, Sequence, Set
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import replace
 
 from ebbflow_api import contract
 from ebbflow_api.models import CleanPodPolicy, Phase
@@ -27,247 +26,33 @@ from ebbflow_api.models import CleanPodPolicy, Phase
 from . import manifests
 from .capacity import evicts
 from .gpu_memory import job_budget_mib
-from .model import Job, Json, Node, Pod, format_time, parse_progress, parse_time
+from .job_status import job_status
+from .model import Job, Node, Pod, format_time, parse_time
+from .plan import (
+    Batch,
+    BatchUpdate,
+    Budget,
+    BudgetUpdate,
+    Deletion,
+    Ending,
+    Event,
+    Hold,
+    Observed,
+    Plan,
+    PlannerConfig,
+    Report,
+    Sizing,
+    Support,
+    Timeout,
+    Workers,
+    children,
+)
 from .status import (
     FAILED,
-    PREEMPTED,
-    READY,
-    SCHEDULABLE,
     SUCCEEDED,
     ConditionUpdate,
     merge_patch,
-    set_conditions,
 )
-
-TERMINAL_PHASES = frozenset(phase for phase in Phase if phase.terminal)
-
-
-class RescaleReason(StrEnum):
-    """Why the job's size changed (status.lastRescale.reason, a metrics label)."""
-
-    PREEMPTION = "Preemption"
-    PENDING_TIMEOUT = "PendingTimeout"
-    FAILURE = "WorkerFailure"
-    CAPACITY_FREED = "CapacityFreed"
-    CAPACITY_RECLAIMED = "CapacityReclaimed"
-    SPEC_CHANGED = "SpecChanged"  # includes the first size of a new job
-
-
-@dataclass(frozen=True)
-class PlannerConfig:
-    pending_timeout: float = 120.0  # seconds the scheduler may refuse a worker before it is withdrawn
-    hold_seconds: float = 300.0  # after a withdrawal the job grows no further for this long
-
-
-@dataclass(frozen=True)
-class Deletion:
-    name: str
-    uid: str
-    grace_seconds: int
-    reason: str
-    # The pod runs nowhere (its node is gone, or it has exited): deleting it removes an API object,
-    # not a running process, so it does not keep the job from being Running (a resize lands in one pass).
-    runs_nowhere: bool = False
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class BatchUpdate:
-    """A worker whose global-batch-size annotation must become `value`."""
-
-    name: str
-    uid: str
-    value: int
-
-
-@dataclass(frozen=True)
-class BudgetUpdate:
-    """A worker whose memory-budget annotation must become `value` (MiB)."""
-
-    name: str
-    uid: str
-    value: int
-
-
-@dataclass(frozen=True)
-class Plan:
-    job: Job
-    create_workers: tuple[tuple[int, int], ...] = ()  # (index, world generation)
-    pin_node: str | None = None  # the node every new worker must run on (a move onto one node)
-    global_batch: int | None = None  # B for new workers (spec.maxGlobalBatchSize only)
-    update_global_batch: tuple[BatchUpdate, ...] = ()
-    memory_budget: int | None = None  # MiB for new workers (spec.bandLimit only; None: not known)
-    update_memory_budget: tuple[BudgetUpdate, ...] = ()
-    delete: tuple[Deletion, ...] = ()
-    create_rendezvous_pod: bool = False
-    create_service: bool = False
-    create_network_policy: bool = False
-    status_patch: Json = field(default_factory=dict)
-    events: tuple[Event, ...] = ()
-    rescale_reason: RescaleReason | None = None
-    preemptions: int = 0
-    status: Json = field(default_factory=dict)
-
-    @property
-    def has_work(self) -> bool:
-        """Whether applying the plan writes anything (most passes leave most jobs alone)."""
-        return self.writes > 0
-
-    @property
-    def writes(self) -> int:
-        """The API writes applying the plan takes (events included)."""
-        return (
-            bool(self.status_patch)
-            + len(self.delete)
-            + len(self.create_workers)
-            + self.create_rendezvous_pod
-            + self.create_service
-            + self.create_network_policy
-            + len(self.update_global_batch)
-            + len(self.update_memory_budget)
-            + len(self.events)
-        )
-
-    def summary(self) -> str:
-        """The plan's writes in a line, for the operator's debug log: which fields of the status
-        change and what is deleted (and why) or created, to tell why a job took another pass."""
-        parts = [f"status {','.join(sorted(self.status_patch))}"] if self.status_patch else []
-        parts += [f"delete {d.name} ({d.reason})" for d in self.delete]
-        if self.create_workers:
-            parts.append(f"create {len(self.create_workers)} worker(s)")
-        children = ("rendezvous pod", "service", "network policy")
-        wanted = (self.create_rendezvous_pod, self.create_service, self.create_network_policy)
-        parts += [f"create {child}" for child, want in zip(children, wanted, strict=True) if want]
-        parts += [f"event {e.reason}" for e in self.events]
-        return "; ".join(parts) or "nothing"
-
-
-@dataclass(frozen=True)
-class Observed:
-    """Everything the planner sees of one job besides the job itself."""
-
-    pods: Sequence[Pod]  # every pod in the job's namespace labelled with its name
-    services: frozenset[str]  # names of the job's Services that exist
-    nodes: Mapping[str, Node]  # every node in the cluster, by name
-    desired: int  # the allocator's size for the job
-    free_gpus: int  # GPUs free on nodes the job may use (for messages)
-    network_policies: frozenset[str] = frozenset()  # names of the job's NetworkPolicies that exist
-    global_batch: int | None = None  # the policy's B for the job (None: the policy keeps B)
-    moves: tuple[str, ...] = ()  # the policy's node once per new worker there (Allocation.moves)
-
-
-@dataclass(frozen=True)
-class Report:
-    """What a step tells people: events to record and conditions to set, in the order decided."""
-
-    events: tuple[Event, ...] = ()
-    conditions: tuple[ConditionUpdate, ...] = ()
-
-    def __add__(self, other: Report) -> Report:
-        return Report(self.events + other.events, self.conditions + other.conditions)
-
-
-@dataclass(frozen=True)
-class Hold:
-    """After a pending timeout the job grows no bigger than `replicas` until `until` (POSIX seconds)."""
-
-    replicas: int
-    until: float
-
-
-@dataclass(frozen=True)
-class Workers:
-    """The job's worker pods sorted by what happens to them this pass."""
-
-    active: tuple[Pod, ...] = ()  # running, or waiting to be scheduled
-    lost: Mapping[str, str] = field(default_factory=dict)  # preempted recorded worker -> why
-    failures: tuple[Pod, ...] = ()  # real failures: replaced, or they fail the job
-    counted_failures: tuple[Pod, ...] = ()  # the failures the status still records: new restarts
-    succeeded: tuple[Pod, ...] = ()
-    taken: tuple[Deletion, ...] = ()  # preempted or being evicted: deleted now
-
-
-@dataclass(frozen=True)
-class Ending:
-    """What the workers' exits mean for the job; `phase` is set (Succeeded or Failed) once it ended."""
-
-    phase: Phase | None = None
-    restarts: int = 0
-    delete: tuple[Deletion, ...] = ()  # failed workers to replace, or the ended job's clean-up
-    report: Report = field(default_factory=Report)
-
-    @property
-    def ended(self) -> bool:
-        return self.phase is not None
-
-
-@dataclass(frozen=True)
-class Timeout:
-    """The workers left after the pending timeout, those it withdrew, and the hold in force."""
-
-    active: tuple[Pod, ...] = ()
-    stuck: tuple[Pod, ...] = ()  # unscheduled for longer than the pending timeout
-    hold: Hold | None = None
-    report: Report = field(default_factory=Report)
-
-    @property
-    def delete(self) -> tuple[Deletion, ...]:
-        return tuple(Deletion(p.name, p.uid, 0, "pending timeout") for p in self.stuck)
-
-
-@dataclass(frozen=True)
-class Sizing:
-    """The workers after this pass: who stays, who goes, who is added, and in which world."""
-
-    target: int
-    active: tuple[Pod, ...] = ()  # the workers that stay
-    delete: tuple[Deletion, ...] = ()  # the scale-down's victims
-    create: tuple[tuple[int, int], ...] = ()  # (index, world generation) of new workers
-    generation: int = 0
-    pin_node: str | None = None  # set when the job moves onto one node: where the new workers must run
-
-
-@dataclass(frozen=True)
-class Support:
-    """What happens to the job's rendezvous pod, Service and NetworkPolicy."""
-
-    delete: tuple[Deletion, ...] = ()
-    create_rendezvous_pod: bool = False
-    create_service: bool = False
-    create_network_policy: bool = False
-
-
-@dataclass(frozen=True)
-class Batch:
-    """The global batch the workers should train with, and the workers still to be told."""
-
-    value: int | None = None  # None: the job's spec does not let B change
-    update: tuple[BatchUpdate, ...] = ()
-    report: Report = field(default_factory=Report)
-
-
-@dataclass(frozen=True)
-class Budget:
-    """The GPU memory each worker may use, and the workers still to be told."""
-
-    value: int | None = None  # MiB; None: not spec.bandLimit, or nothing says how much there is
-    update: tuple[BudgetUpdate, ...] = ()
-    report: Report = field(default_factory=Report)
-
-
-@dataclass(frozen=True)
-class StatusUpdate:
-    """The status to write, the rescale it records (if any) and what the pass tells people."""
-
-    status: Json
-    rescale_reason: RescaleReason | None = None
-    report: Report = field(default_factory=Report)
 
 
 def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) -> Plan:
@@ -287,7 +72,8 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
                                  annotations to change and status.globalBatchSize
         memory_budget            (spec.bandLimit only) the job's GPU memory budget (gpu_memory.py) ->
                                  the workers' annotations to change
-        job_status               `readiness` (phase, Ready), `schedulable`, `rescale_reason`, `history`
+        job_status               (job_status.py) `readiness` (phase, Ready), `schedulable`,
+                                 `rescale_reason`, `lasting_fields`
     """
     workers = children(job, observed.pods, contract.ROLE_WORKER)
     seen = classify(workers, job.status.worker_nodes, observed.nodes, job)
@@ -324,11 +110,6 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         preemptions=len(seen.lost),
         status=update.status,
     )
-
-
-def children(job: Job, pods: Sequence[Pod], role: str) -> list[Pod]:
-    """The job's own pods (by controller owner reference) of one role."""
-    return [p for p in pods if p.owner_uid == job.uid and p.role == role]
 
 
 def classify(
@@ -386,18 +167,6 @@ def _preemption(pod: Pod, nodes: Mapping[str, Node], job: Job) -> tuple[str, Del
         grace = job.spec.leave_grace_seconds
         return "TaintEviction", Deletion(pod.name, pod.uid, grace, "being evicted")
     return None
-
-
-def report_losses(lost: Mapping[str, str], preemptions: int) -> Report:
-    """The Preempted condition and a warning naming each lost worker; `preemptions` is the new total."""
-    if not lost:
-        return Report()
-    names = ", ".join(f"{name} ({why})" for name, why in sorted(lost.items()))
-    message = f"lost {names}; preemptions so far: {preemptions}"
-    return Report(
-        (Event("Warning", PREEMPTED, f"lost {len(lost)} worker(s): {names}"),),
-        (ConditionUpdate(PREEMPTED, True, sorted(lost.values())[0], message),),
-    )
 
 
 def end_of_job(job: Job, workers: Sequence[Pod], seen: Workers) -> Ending:
@@ -657,177 +426,3 @@ def memory_budget(job: Job, active: Sequence[Pod], nodes: Mapping[str, Node], en
     [(before, _)] = carried.most_common(1)  # what most workers carry
     message = f"memory budget {before} MiB -> {value} MiB per worker"
     return Budget(value, stale, Report((Event("Normal", "MemoryBudgetChanged", message),)))
-
-
-def job_status(
-    job: Job,
-    observed: Observed,
-    seen: Workers,
-    ending: Ending,
-    timeout: Timeout,
-    sizing: Sizing,
-    settled: bool,
-    now: float,
-    config: PlannerConfig,
-) -> StatusUpdate:
-    """The status this pass writes, the rescale it records, and what the steps tell people in order."""
-    status, target, stamp = job.status, sizing.target, format_time(now)
-    ready = sum(p.ready and p.phase == "Running" for p in sizing.active)
-    replicas = len(sizing.active) + len(sizing.create)
-    minimum, finished = job.spec.replicas.min, len(seen.succeeded)
-    phase, ready_condition = readiness(minimum, target, ready, replicas, settled, ending.phase, finished)
-    before = status.desired_replicas or 0
-    reason = rescale_reason(
-        before,
-        target,
-        ended=ending.ended,
-        lost=bool(seen.lost),
-        stuck=bool(timeout.stuck),
-        failed=bool(seen.failures),
-        spec_changed=job.generation != status.observed_generation,
-    )
-    preemptions = (status.preemptions or 0) + len(seen.lost)
-    scheduling = () if ending.ended else (schedulable(job, target, timeout.hold, observed.free_gpus, config),)
-    rescaled: tuple[Event, ...] = (
-        (Event("Normal", "Rescaled", f"{before} -> {target} workers ({reason})"),) if reason else ()
-    )
-    if sizing.pin_node is not None:
-        message = (
-            f"onto node {sizing.pin_node}: {len(sizing.create)} new workers there, the "
-            f"{len(sizing.delete)} on other nodes leave; {target} workers on one node"
-        )
-        rescaled += (Event("Normal", "MovedOntoOneNode", message),)
-    report = report_losses(seen.lost, preemptions) + ending.report + timeout.report
-    report += Report(rescaled, (*scheduling, ready_condition))
-    rescale = {"time": stamp, "from": before, "to": target, "reason": reason} if reason else None
-    progress = latest_progress(children(job, observed.pods, contract.ROLE_WORKER))
-    new_status: Json = {
-        "phase": phase,
-        "conditions": [
-            c.to_json() for c in set_conditions(status.conditions, report.conditions, job.generation, stamp)
-        ],
-        "observedGeneration": job.generation,
-        "replicas": replicas,
-        "readyReplicas": ready,
-        "desiredReplicas": target,
-        "selector": manifests.worker_selector(job.name),
-        "worldGeneration": sizing.generation,
-        "preemptions": preemptions,
-        "restarts": ending.restarts,
-        "workerNodes": {
-            **{p.name: p.node or "" for p in sizing.active},
-            **{manifests.worker_name(job.name, i): "" for i, _ in sizing.create},
-        },
-        **history(status.to_json(), phase, stamp, rescale, timeout.hold, progress),
-    }
-    return StatusUpdate(new_status, reason, report)
-
-
-def readiness(
-    minimum: int,
-    target: int,
-    ready: int,
-    replicas: int,
-    settled: bool,
-    final: Phase | None,
-    finished: int = 0,
-) -> tuple[Phase, ConditionUpdate]:
-    """The phase and the Ready condition: the job's lifecycle (status.phase, `ebbflow_api.models.Phase`),
-    decided anew every pass.
-
-        Pending    fewer than spec.replicas.min workers ready (new, no GPUs for min, held after a timeout)
-        Scaling    at least min ready, but workers are still being added, removed or getting ready
-        Running    every desired worker ready and nothing to create or delete, or (training over) a
-                   worker has succeeded and the others are finishing
-        Succeeded  a worker finished training and none is still active        (final)
-        Failed     a worker exited with a code in contract.FATAL_EXIT_REASONS (InvalidConfig,
-                   NonFiniteLoss: no restart can cure it), or real failures exceeded spec.maxRestarts
-
-        Pending <-> Scaling <-> Running;  any of them -> Succeeded | Failed;  a final phase never changes.
-
-    A final phase stays (and the job is no longer Ready); while `finished` workers have succeeded and
-    the others are finishing too, the job stays Running (their ready count falling is the end of
-    training, not a lack of workers); otherwise Pending below `minimum` ready workers, Running once
-    all `target` workers exist and are ready with nothing left to create or delete but pods that run
-    nowhere (`settled`), Scaling in between."""
-    if final is not None:
-        return final, ConditionUpdate(READY, False, str(final), f"the job {str(final).lower()}")
-    if finished:
-        message = f"{finished} worker(s) finished training; {replicas} still finishing"
-        return Phase.RUNNING, ConditionUpdate(READY, True, "WorkersFinishing", message)
-    enough = ready >= minimum
-    message = f"{ready} of {target} desired worker(s) ready (min {minimum})"
-    condition = ConditionUpdate(READY, enough, "MinimumAvailable" if enough else "WaitingForWorkers", message)
-    if not enough:
-        return Phase.PENDING, condition
-    if ready == target and replicas == target and settled:
-        return Phase.RUNNING, condition
-    return Phase.SCALING, condition
-
-
-def schedulable(
-    job: Job, target: int, hold: Hold | None, free_gpus: int, config: PlannerConfig
-) -> ConditionUpdate:
-    """The Schedulable condition: the size allocated, or why the job has no workers (a pending
-    timeout held it below its minimum, or too few GPUs are free on the nodes it may use)."""
-    spec = job.spec
-    if target > 0:
-        message = f"{target} worker(s) allocated in [{spec.replicas.min}, {spec.replicas.max}]"
-        return ConditionUpdate(SCHEDULABLE, True, "Allocated", message)
-    if hold is not None and hold.replicas < spec.replicas.min:
-        message = (
-            f"only {hold.replicas} of min {spec.replicas.min} workers were scheduled within "
-            f"{config.pending_timeout:.0f}s; retrying after {format_time(hold.until)}"
-        )
-        return ConditionUpdate(SCHEDULABLE, False, "PendingTimeout", message)
-    message = (
-        f"needs min {spec.replicas.min} workers x {job.gpus_per_worker} GPU(s) on nodes "
-        f"it may use; {free_gpus} GPU(s) free there for it"
-    )
-    return ConditionUpdate(SCHEDULABLE, False, "InsufficientGPUs", message)
-
-
-def rescale_reason(
-    before: int, target: int, *, ended: bool, lost: bool, stuck: bool, failed: bool, spec_changed: bool
-) -> RescaleReason | None:
-    """Why the size moves from `before` to `target`, the first cause that applies: a preemption, a
-    pending timeout, a worker failure, a spec change (or a new job), else capacity the allocator
-    freed or reclaimed. None when the size stays or the job ended (that is no rescale)."""
-    if ended or target == before:
-        return None
-    if lost:
-        return RescaleReason.PREEMPTION
-    if stuck:
-        return RescaleReason.PENDING_TIMEOUT
-    if failed:
-        return RescaleReason.FAILURE
-    if spec_changed:
-        return RescaleReason.SPEC_CHANGED
-    return RescaleReason.CAPACITY_FREED if target > before else RescaleReason.CAPACITY_RECLAIMED
-
-
-def latest_progress(workers: Sequence[Pod]) -> Json | None:
-    """The newest readable progress report among the workers (by its time)."""
-    reports = [r for p in workers if (r := parse_progress(p.progress))]
-    return max(reports, key=lambda r: str(r.get("time", ""))) if reports else None
-
-
-def history(
-    recorded: Json, phase: Phase, stamp: str, rescale: Json | None, hold: Hold | None, progress: Json | None
-) -> Json:
-    """Status fields that outlive a pass, kept from the `recorded` status unless this pass has news:
-    lastRescale on a rescale, startTime at the first Running pass, completionTime at the first final
-    one, progress from the newest report; the hold is written only while it is in force."""
-    kept = ("lastRescale", "progress", "startTime", "completionTime")
-    fields: Json = {key: recorded[key] for key in kept if key in recorded}
-    if rescale is not None:
-        fields["lastRescale"] = rescale
-    if hold is not None:
-        fields |= {"holdReplicas": hold.replicas, "holdUntil": format_time(hold.until)}
-    if phase == Phase.RUNNING:
-        fields.setdefault("startTime", stamp)
-    if phase.terminal:
-        fields.setdefault("completionTime", stamp)
-    if progress is not None:
-        fields["progress"] = progress
-    return fields

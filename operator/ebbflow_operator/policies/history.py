@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from ebbflow_api import contract
 
+from ..decision.job_status import latest_progress
 from ..decision.model import (
     LABEL_GPU_COUNT,
     LABEL_GPU_PRODUCT,
@@ -31,7 +32,6 @@ from ..decision.model import (
     Node,
     Pod,
 )
-from ..decision.planner import latest_progress
 from .job_metrics import DEFAULT_RESCALE_PAUSE_S, JobMetrics
 from .packing import NodeDevices
 from .throughput import Measurement, compute_speeds

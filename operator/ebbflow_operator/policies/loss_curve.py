@@ -1,21 +1,15 @@
 """SLAQ's loss-curve model: fit a job's reported losses, predict how much more training reduces them.
 
-Model: loss(k) = a / (k + b) + c, with a >= 0, b > 0 (k: optimiser steps done).
+Model: loss(k) = a / (k + b) + c, with a >= 0, b > 0 (k: optimiser steps done): SGD's O(1/k)
+convergence, the first-order term of SLAQ's (SoCC'17) family. For a fixed b the model is linear in
+(a, c), so the fit is a weighted linear least-squares solve inside a one-dimensional search over b:
+stable with a handful of points, no numpy, no local minima in (a, c). Recent points weigh more
+(w = 0.5^((k_last - k) / half_life)); losses are normalised per job by the reducible loss seen so
+far, so jobs with different loss scales compare.
 
-Why this form: SGD on convex (and, empirically, most deep-learning) objectives converges as O(1/k),
-which is what SLAQ (SoCC'17) fits (its 1/(alpha k^2 + beta k + gamma) + delta family, reduced to the
-first-order term that dominates after the first few steps). For a fixed b the model is linear in
-(a, c), so the fit is a weighted linear least-squares solve inside a one-dimensional search over
-b: stable with a handful of points, no numpy, no local minima in (a, c). It is non-increasing and
-flattens to the asymptote c (the loss the job will not get below), so predicted reductions shrink
-as a job converges - exactly the signal SLAQ allocates by. A power law a*k^-b + c fits the early
-phase a little better but its exponent and asymptote trade off badly with few, noisy points.
-
-Weights: recent points weigh more (w = 0.5^((k_last - k) / half_life)), since the curve's tail
-is what predicts the next minutes. Losses are normalised per job by the reducible loss seen so far
-(loss at the first report minus the fitted asymptote), so jobs with different loss scales compare;
-this needs the history from the job's start (a down-sampled one is enough): a curve seen only from
-late in training would look as steep, relative to itself, as a fresh job's.
+Invariants: a fitted curve is non-increasing and flattens to its asymptote c, so predicted
+reductions shrink as a job converges; normalising needs the history from the job's start (a
+down-sampled one is enough). Why this form and not a power law: docs/design/throughput-model.md.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from ebbflow_devtools.waiting import wait_for
 from ebbflow_operator.decision import manifests
 from ebbflow_operator.decision.decide import OperatorConfig
 from ebbflow_operator.decision.model import Json, format_time
-from ebbflow_operator.decision.planner import BatchUpdate, BudgetUpdate, Deletion, Event, Plan
+from ebbflow_operator.decision.plan import BatchUpdate, BudgetUpdate, Deletion, Event, Plan
 from ebbflow_operator.errors import KubeError
 from ebbflow_operator.metrics import Metrics
 from ebbflow_operator.reconciler import RELIST_SHARE, Reconciler, relist_wait

@@ -11,7 +11,7 @@ from ebbflow_devtools.builders import JobBuilder, make_job, make_node, make_rend
 from ebbflow_operator.decision.allocator import PriorityFairShare
 from ebbflow_operator.decision.decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
 from ebbflow_operator.decision.model import Job, JobKey, Node, Pod
-from ebbflow_operator.decision.planner import Deletion, Event, Plan
+from ebbflow_operator.decision.plan import Deletion, Event, Plan
 
 NOW = 1_000_000.0
 

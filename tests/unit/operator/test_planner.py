@@ -18,7 +18,8 @@ from ebbflow_operator.decision.model import (
     Taint,
     format_time,
 )
-from ebbflow_operator.decision.planner import Observed, Plan, PlannerConfig, plan_job
+from ebbflow_operator.decision.plan import Observed, Plan, PlannerConfig
+from ebbflow_operator.decision.planner import plan_job
 
 CONFIG = PlannerConfig(pending_timeout=60, hold_seconds=300)
 NODES = {"od-0": make_node("od-0"), "od-1": make_node("od-1"), "spot-0": make_node("spot-0", spot=True)}

@@ -11,6 +11,15 @@ import pytest
 from ebbflow_api import contract
 from ebbflow_api.models import Phase
 from ebbflow_devtools.builders import NOW, JobBuilder, make_job, make_node, make_rendezvous, make_worker
+from ebbflow_operator.decision.job_status import (
+    job_status,
+    lasting_fields,
+    latest_progress,
+    readiness,
+    report_losses,
+    rescale_reason,
+    schedulable,
+)
 from ebbflow_operator.decision.model import (
     LABEL_GPU_MEMORY,
     LABEL_GPU_REPLICAS,
@@ -20,7 +29,7 @@ from ebbflow_operator.decision.model import (
     Taint,
     format_time,
 )
-from ebbflow_operator.decision.planner import (
+from ebbflow_operator.decision.plan import (
     Deletion,
     Ending,
     Event,
@@ -33,26 +42,21 @@ from ebbflow_operator.decision.planner import (
     Timeout,
     Workers,
     children,
+)
+from ebbflow_operator.decision.planner import (
     classify,
     clean_up,
     current_hold,
     end_of_job,
     global_batch,
-    history,
     hold_cap,
-    job_status,
-    latest_progress,
     lost_reason,
     memory_budget,
     movers,
     new_workers,
     pending_timeout,
-    readiness,
     rendezvous_and_services,
-    report_losses,
-    rescale_reason,
     resize,
-    schedulable,
     target_size,
     victims,
 )
@@ -1125,7 +1129,7 @@ RESCALE = {"time": STAMP, "from": 1, "to": 2, "reason": RescaleReason.CAPACITY_F
         ),
     ],
 )
-def test_history(
+def test_lasting_fields(
     recorded: dict[str, Any],
     phase: Phase,
     rescale: dict[str, Any] | None,
@@ -1133,7 +1137,7 @@ def test_history(
     report: dict[str, Any] | None,
     expected: dict[str, Any],
 ) -> None:
-    assert history(recorded, phase, STAMP, rescale, hold, report) == expected
+    assert lasting_fields(recorded, phase, STAMP, rescale, hold, report) == expected
 
 
 LOST = Workers(lost={"j-worker-2": "NodeLost"})

@@ -1,20 +1,16 @@
 """``ebbflow-train run``: one torch elastic agent per worker pod, ``--nproc-per-node`` training processes
 under it (one per GPU), all members of the same elastic world.
 
-The agent joins the job's c10d rendezvous (served by the rendezvous pod), restarts its worker when the
-world changes (a node died, left, or is waiting to join) and never closes the rendezvous while the job
-trains: a pod that leaves must not end the job for the others (pytorch/pytorch#67742). Once the world
-has trained to the last step, its agents close it, and a node still waiting to join exits 0.
+The agent joins the job's c10d rendezvous (served by the rendezvous pod) and restarts its workers
+when the world changes. SIGTERM (pod deletion) reaches the workers, which finish their step, hand
+their state over and exit 0. A lost store is waited for (see :mod:`.rendezvous`); if none answers
+within ``--store-loss-timeout`` the workers stop at a step boundary (rank 0 checkpoints) and the
+launcher exits ``EXIT_STORE_LOST``.
 
-SIGTERM (pod deletion) reaches the agent, which forwards it to the workers; each finishes its step,
-hands its state over and exits 0, and the agent exits 0 once they have left (or none was inside a
-step). A worker exit that no restart can cure (``contract.FATAL_EXIT_REASONS``) becomes the launcher's
-exit code.
-
-The rendezvous store may be lost and replaced (see :mod:`.rendezvous`): the world trains on and
-re-forms once a new store answers. If none answers within ``--store-loss-timeout``, the agent stops
-its workers at a step boundary (state handed over, rank 0 checkpoints) and the launcher exits
-``EXIT_STORE_LOST``, naming the timeout in the log and the termination message.
+Invariants: the rendezvous is never closed while the job trains, so a pod that leaves does not end
+the job for the others (pytorch/pytorch#67742); once the world has trained to the last step its
+agents close it and a node still waiting to join exits 0; a worker exit no restart can cure
+(``contract.FATAL_EXIT_REASONS``) becomes the launcher's exit code.
 """
 
 from __future__ import annotations

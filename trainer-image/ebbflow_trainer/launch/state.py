@@ -1,18 +1,15 @@
 """The training state that survives membership changes: capture, restore, serialize, write atomically.
 
 A state is everything needed to continue the exact sample sequence: model, optimizer, the next step
-and the data position with the current global batch B (see :mod:`ebbflow_trainer.sharding`; B
-changes only with ``maxGlobalBatchSize``, and a worker continues with the state's B, not its
-environment's), RNG states, the batch size the learning rate was tuned for, the gradient-noise
-estimates, the current run of skipped (non-finite) steps, the LR scheduler and fp16 loss scale,
+and the data position with the current global batch B, RNG states, the batch the learning rate was
+tuned for, the gradient-noise estimates, the run of skipped steps, the LR scheduler and loss scale,
 the last evaluation and the training script's own ``extra_state``.
 
-On disk and on the wire a state is ``MAGIC`` + the SHA-256 of the payload + the payload (``torch.save``
-bytes). Loading checks both before ``torch.load(weights_only=True)``, which only rebuilds tensors,
-numbers, strings and containers: a truncated, altered or code-carrying file is refused with a log
-line naming it and why, never loaded. Checkpoints keep the previous one beside the newest
-(``checkpoint.prev.pt``), and resuming falls back to it when the newest is refused. Every rename is
-followed by an fsync of the directory, so a crash after a write never loses the file's name.
+Invariants: on disk and on the wire a state is ``MAGIC`` + the payload's SHA-256 + the payload, both
+checked before ``torch.load(weights_only=True)``, so a truncated, altered or code-carrying file is
+refused (with a log line naming it and why), never loaded; checkpoints keep the previous one
+(``checkpoint.prev.pt``) to fall back to; every rename is followed by an fsync of the directory, so a
+crash after a write never loses the file's name.
 """
 
 from __future__ import annotations

@@ -3,19 +3,14 @@
 Life of a worker: bootstrap a gloo process group from the rendezvous store under the world's
 generation; agree on the freshest state (survivors bring theirs from node-local memory, newcomers
 receive it from a peer); train; and when the world must change, stop at a step boundary, leave the
-state in node-local memory for the next world and exit. The agent then forms the next world.
+state in node-local memory for the next world and exit.
 
-Exit codes towards the agent: 0 when training finished or this worker was asked to leave (SIGTERM),
-``EXIT_REFORM`` when the world must re-form without this worker having been asked to stop (a peer left
-or died); the agent treats it as a failure and restarts the worker in the next rendezvous round.
-``contract.EXIT_NONFINITE_LOSS`` when ``max_nonfinite_steps`` steps in a row were skipped for a
-non-finite loss or gradient: every worker of the world decides this at the same step, rank 0 saves the
-last finite state as the checkpoint, and the launcher ends with that code instead of restarting.
-
-After bootstrap a worker needs the rendezvous store for nothing but rank 0's record of the job's
-newest step (``last-step``, to count the steps a new world lost). A lost store (see
-:mod:`.rendezvous`) stops that record until the next world, and a new store that never held it
-counts no step lost: training never waits on the store.
+Exit codes towards the agent: 0 when training finished or this worker was asked to leave (SIGTERM);
+``EXIT_REFORM`` when the world must re-form without it being asked (the agent restarts it in the next
+round); ``contract.EXIT_NONFINITE_LOSS`` after ``max_nonfinite_steps`` skipped steps in a row, decided
+at the same step by every worker, rank 0 saving the last finite state as the checkpoint.
+Invariant: after bootstrap, training never waits on the rendezvous store (it only keeps rank 0's
+record of the newest step, to count the steps a new world lost).
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
-"""Band-limited 2-D convolutions (Dziedzic et al., "Band-limited Training and Inference for
-Convolutional Neural Networks", ICML 2019): a convolution computed in the frequency domain with the
-highest frequencies of its input and kernel spectra dropped.
+"""Band-limited 2-D convolutions (Dziedzic et al., ICML 2019): a convolution computed in the frequency
+domain with the highest frequencies of its input and kernel spectra dropped, so that a worker whose
+GPU memory shrinks trades a little accuracy for memory instead of crashing.
 
-A worker whose GPU memory shrinks (another worker now time-slices the same device) trades a little
-accuracy for memory instead of crashing: the layer keeps only the lowest `1 - rate` of each
-spectrum's coefficients, so the spectra it saves for backward, the per-frequency channel products
-(most of a convolution's work) and their gradients all shrink with the rate. CNNs lean on low
-frequencies, so accuracy degrades smoothly with the rate rather than collapsing.
+Discrete Fourier transforms restricted to the kept frequencies run as real matrix products, one
+spatial axis at a time, with zero padding folded in and complex values as real tensors ("planar").
 
-How: discrete Fourier transforms restricted to the kept frequencies, as real matrix products
-(`_Axis.matrices`), one spatial axis at a time. Zero padding is folded into the transforms and only
-the valid, strided outputs are transformed back, so no padded input and no full-size spectrum is
-ever made; complex values travel as real tensors with the real and imaginary halves side by side
-in the last dimension ("planar"), because autograd on complex products would keep conjugated
-copies of what it saves.
-
-Invariants:
-- at rate 0 a `BandLimitedConv2d` computes `torch.nn.functional.conv2d` (to float tolerance): the
-  spectra are complete and span the padded input, so the product is the linear (not circular)
-  cross-correlation;
-- its parameters are the `Conv2d`'s own objects (`band_limit` swaps the module, not the weights), so
-  an optimizer built earlier still steps them and state dicts load either way;
-- the rate is plain module state: whoever changes it (the trainer, at a step boundary, the same on
-  every worker) owns when.
+Invariants: at rate 0 a `BandLimitedConv2d` computes `torch.nn.functional.conv2d` (to float
+tolerance); its parameters are the `Conv2d`'s own objects, so an optimizer built earlier still steps
+them and state dicts load either way; the rate is plain module state, changed by whoever owns when
+(the trainer, at a step boundary, the same on every worker). How: docs/design/step.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,15 @@
 """Fast mode's gradient all-reduce in buckets, started while the last virtual node's backward runs.
 
-DDP overlaps communication with computation: the backward pass produces the last layers' gradients
-first, and DDP all-reduces them in buckets while the earlier layers' gradients are still being
-computed. A worker holding several virtual nodes does the same on its last one; the others only add
-their gradients locally (what DDP's ``no_sync`` does):
+As DDP does: a worker holding several virtual nodes adds their gradients locally into the step's
+message (a post-accumulate-grad hook, then the gradient is released), and during the last virtual
+node's backward all-reduces each bucket whose parameters have all reported; the last bucket carries
+the extras (buffers, loss, norms, compute times, the leave flag) once the backward has returned.
 
-- Each parameter's gradient is added into the step's message as soon as autograd has accumulated it
-  (a post-accumulate-grad hook) and then released: the message is the only gradient memory a step
-  holds.
-- The message holds the gradient in reverse parameter order (the order backward produces it), cut
-  into buckets of about ``bucket_bytes`` (the first one at most 1 MiB, as in DDP, so communication
-  starts early). The last bucket, holding the first parameters, also holds the extras that follow the
-  gradient: buffers, loss, squared norms, compute times and the leave flag.
-- During the last virtual node's backward, a bucket whose parameters have all reported is
-  all-reduced asynchronously, strictly in bucket order, so every worker issues the same collectives
-  in the same order. The last bucket goes once the backward has returned and the caller has written
-  the extras: the compute time and the leave flag ride with gradients rather than costing a round
-  trip of their own.
-- A parameter the last virtual node did not use never reports; its bucket goes at the end.
-
-The reduced message is the sum over every virtual node of every worker, whatever their number per
-worker: divided by V it is the mean over virtual nodes, so uneven shares (dynamic batching) keep the
-step's meaning.
-
-State machine of one step: idle -(begin)-> accumulating -(overlap)-> overlapping -(finish)->
-reducing -(wait)-> idle. Hooks act only between begin and finish; outside them (evaluation, the
-user's own code) a backward pass leaves gradients in ``.grad`` as usual.
+Invariants: buckets go strictly in order, so every worker issues the same collectives in the same
+order; the reduced message divided by V is the mean over virtual nodes, whatever their number per
+worker. State machine of one step: idle -(begin)-> accumulating -(overlap)-> overlapping
+-(finish)-> reducing -(wait)-> idle; outside begin..finish a backward pass leaves ``.grad`` as usual.
+More: docs/design/step.md.
 """
 
 from __future__ import annotations

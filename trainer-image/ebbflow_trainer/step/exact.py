@@ -1,45 +1,14 @@
 """Order-independent sums of floating-point rows through one int64 per value (deterministic mode).
 
-Floating-point addition is not associative, so the sum of V virtual-node rows depends on how the
-rows were grouped (per worker, then across workers). Integer addition is associative: every
-virtual node's row is rounded onto a fixed-point grid that all workers share, the integers are added
-(locally, then by the all-reduce, in any order and any grouping) and the sum is turned back into
-floating point once. The result depends on the V rows only, never on the world size or on which
-worker computed which virtual node.
+Every virtual node's row is rounded onto a fixed-point grid all workers share (one small
+all-reduce(MAX) agrees on each block's exponent), the integers are added in any order and grouping,
+and the sum is decoded once: the result depends on the V rows only, never on the world size or on
+which worker computed which virtual node. Non-finite values travel as per-value counts beside the
+grid, so decoding restores what float addition gives.
 
-**The grid.** A row is cut into blocks of at most ``BLOCK`` values that never straddle two segments
-(the engine's gradient, buffers, loss and squared norm). For each block, every worker reports the
-largest binary exponent E of its virtual nodes' finite values (|x| < 2**E) and whether it saw a NaN
-or an infinity; one all-reduce(MAX) of these two int32 per block (``8 / BLOCK`` bytes per value)
-makes them the same everywhere. A value x of the block becomes q = round(x * 2**(F - E)) (to
-nearest, ties to even) with F = 62 - ceil(log2 V): |q| <= 2**F, so a sum of V of them stays within
-2**62 and never overflows. Scaling by a power of two in float64 is exact, so q is the correctly
-rounded grid value of x on every machine.
-
-**Why one limb and an agreement.** A grid fixed in advance would need no agreement, but to hold any
-float32 sum exactly it must span float32's whole exponent range: about 2**8 + 24 bits, five int64 per
-value, over twice the traffic of fast mode. One int64 per value needs the scale of the step's values,
-which no worker knows before all of them have computed their gradients: hence the small MAX round
-trip before the sum, the price of keeping deterministic traffic at twice fast mode's.
-
-**Error bound.** Rounding moves each value by at most half a grid step, 2**(E - F - 1), and
-M >= 2**(E - 1) where M is the largest |value| of the block over all V virtual nodes. Decoding
-rounds three times in float64 (the int64 sum, the factor grid step / V, their product). Per value:
-
-    |decoded mean - exact mean| <= 2**(ceil(log2 V) - 62) * M + 2**-51 * |exact mean|
-
-before the final rounding to the parameters' dtype (half an ulp). With V = 64 the first term is
-2**-56 * M. Against float32 summation, whose rounding is at least 2**-24 of a value (and grows with
-V): the grid is more accurate for every value y with |y| > 2**(ceil(log2 V) - 38) * M (2**-32 * M
-at V = 64), and gives fewer significant bits only to values below that, the ones that move the
-parameters least. Per-block exponents keep M local: one large entry coarsens the grid of its own
-``BLOCK`` values only.
-
-**Non-finite values** cannot live on the grid and count as 0 there. A block flagged by the agreement
-also carries, per value, how many virtual nodes had +inf, -inf and NaN there (21 bits each, packed
-into one int64, added like the grid values), so decoding restores what float addition gives: NaN if
-any NaN or both infinities, else the infinity. Callers that only need to know *that* a block held a
-non-finite value (a gradient: the step is skipped) read the flag and send no counts.
+Invariants: no overflow for any V (|q| <= 2**(62 - ceil(log2 V))); per value, |decoded mean - exact
+mean| <= 2**(ceil(log2 V) - 62) * M + 2**-51 * |exact mean|, M the block's largest |value|. The grid,
+the error bound and why one limb: docs/design/step.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """Memory elasticity (``spec.bandLimit``): the band-limited convolutions' compression rate follows the
-GPU memory each worker may use, as the operator computes it (a time-sliced device's memory divided
-among the workers sharing it, or the spec's own figure).
+GPU memory each worker may use, as the operator computes it.
 
-The invariants:
+Rank 0 reads the budget file (the kubelet's projection of the pod's annotation), measures once on a
+copy of the model what a worker holds and what one virtual node adds at each rate, and asks for the
+smallest rate whose footprint fits; the request rides in the step's all-reduce.
 
-- Only a job with ``spec.bandLimit`` has its ``Conv2d`` layers band-limited (at rate 0, exact; see
-  :mod:`ebbflow_trainer.step.bandlimit`) and carries a rate; without it nothing here runs and the step's
-  message is the one it was before the feature existed.
-- The rates are ``RATES`` up to ``maxCompressionRate``, the same list on every worker.
-- Rank 0 reads the budget file (the kubelet's projection of the pod's memory-budget annotation; see
-  :mod:`ebbflow_trainer.projected`). On the first budget it sees, it measures once what a worker
-  holds between steps (parameters, their gradients, optimizer state, buffers) and the peak that one
-  virtual node's forward and backward adds at each rate, on a copy of the model with the job's own
-  samples and with every random generator put back: the training itself is untouched. The
-  measurement travels in the training state, so no later world measures again.
-- It asks for the smallest rate whose footprint fits the budget (the largest rate, with a log line,
-  when none does). The request rides in the step's all-reduce as one value, the rate's index in the
-  list plus one (0 asks for nothing), so every worker reads it from the same reduced message and
-  switches after that step: the same step boundary everywhere, no step lost, and in deterministic
-  mode every world size computes every step at the same rate.
-- The rate in use is part of the training state: a new world continues at it.
+Invariants: only a job with ``spec.bandLimit`` is band-limited; the rates are ``RATES`` up to
+``maxCompressionRate`` on every worker; every worker switches after the same step (no step lost);
+the measurement and the rate in use are part of the training state, so a new world continues at it
+and never measures again. Details: docs/design/step.md.
 """
 
 from __future__ import annotations

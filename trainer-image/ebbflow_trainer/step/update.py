@@ -1,29 +1,14 @@
 """The optimizer step of one global step: mixed precision, the skip decision, clipping, the LR schedule.
 
 Everything here works on the combined (all-reduced) gradient or on state every worker holds alike,
-so every worker reaches the same decision and the same update for any world size.
+so every worker reaches the same decision and the same update for any world size. fp16 unscales the
+combined gradient and updates the loss scale as ``torch.amp.GradScaler`` does; clipping uses the
+combined gradient's norm; the scheduler owns each group's base LR and is stepped after every global
+step, skipped ones included.
 
-**Mixed precision.** ``precision`` bf16 or fp16 runs each virtual node's ``loss_fn`` under
-``torch.autocast`` on the parameters' device. fp16 also scales the loss by a dynamic loss scale
-before backward (the gradient rows carry scaled gradients) and unscales the combined gradient here,
-exactly as ``torch.amp.GradScaler`` does per process: multiply by the float32 reciprocal, skip the
-step if the gradient holds an infinity or NaN, then update the scale with GradScaler's rule
-(``torch._amp_update_scale_``): back off on an overflow, grow after ``growth_interval`` good steps.
-
-**What a skipped step counts as.** Without a loss scale, a non-finite loss or gradient means the
-run diverged: the step is skipped and counts toward the non-finite streak that stops a job. With
-one, a non-finite gradient with a finite loss is an overflow, normal while the scale settles: the
-step is skipped, the scale backs off, and the streak does not count it (it restarts at 0, as after
-any step with a finite loss). A non-finite loss still counts.
-
-**Clipping** uses ``torch.nn.utils.clip_grad_norm_`` on the combined gradient once it is in the
-parameters' ``.grad``: the same norm and coefficient for every world size.
-
-**Learning rate.** The scheduler owns each parameter group's base LR: the engine keeps it in
-``base_lrs``, multiplies it by the LR-scaling factor for the optimizer step, and hands the
-unscaled value back to the scheduler before stepping it, so a chainable scheduler (one that computes
-the next LR from the current one) never compounds the scaling factor. The scheduler is stepped
-after every global step, skipped ones included: its position always equals the step count.
+Invariants: a non-finite loss, or a non-finite gradient without a loss scale, counts toward the
+non-finite streak; an overflow under a loss scale is skipped without counting; the scheduler's
+position always equals the step count. Details: docs/design/step.md.
 """
 
 from __future__ import annotations
