@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Self
 
 from ebbflow_api import contract
 from ebbflow_api.models import GPU_RESOURCE, ElasticTrainingJob
 from ebbflow_operator.decision.allocator import Demand
 from ebbflow_operator.decision.model import Job, Node, Pod, format_time, parse_job
+from ebbflow_operator.decision.plan import Plan
+from ebbflow_operator.decision.planner import writes_of
 
 DEFAULT_IMAGE = "ebbflow/trainer:test"
 
@@ -241,3 +244,9 @@ def make_demand(
         created=created,
         current_nodes=current,
     )
+
+
+def with_writes(plan: Plan, service_accounts: Mapping[str, str] | None = None) -> Plan:
+    """`plan` carrying the writes its fields call for, as the planner emits them (a test builds the
+    fields by hand)."""
+    return replace(plan, writes=writes_of(plan, service_accounts or {}))

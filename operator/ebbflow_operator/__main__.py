@@ -239,11 +239,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     operator_config = OperatorConfig(
         namespaces=tuple(args.namespace),
         node_selector=args.node_selector,
-        planner=PlannerConfig(pending_timeout=args.pending_timeout, hold_seconds=args.pending_hold),
+        planner=PlannerConfig(
+            pending_timeout=args.pending_timeout,
+            hold_seconds=args.pending_hold,
+            trainer_service_accounts=dict(args.trainer_service_account),
+        ),
         resync_interval=args.resync_interval,
         relist_interval=args.relist_interval,
         max_writes_per_pass=args.max_writes_per_pass,
-        trainer_service_accounts=dict(args.trainer_service_account),
         policy=args.policy,
     )
     metrics = Metrics()

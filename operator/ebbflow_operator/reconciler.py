@@ -3,14 +3,15 @@ the plans it decides.
 
 Level-triggered: a pass reads the cache (nodes, pods, Services and jobs, fed by watch events and by
 periodic full lists, which run in a thread of their own), calls the pure `decide` (decide.py) for
-every job's plan, then applies the plans. Nothing is carried from one pass to the next except what
+every job's plan, then executes each plan's writes (`decision.writes`: typed, complete, in order;
+the loop builds no body and decides nothing). Nothing is carried from one pass to the next except what
 the API holds (the jobs' status), so a restarted operator picks up exactly where the old one
 stopped. Watch events only wake the loop; a periodic resync covers anything no event announces
 (e.g. other workloads' pods).
 
 Invariants: every write goes through `ClusterIO` (KubeIO in production, an in-memory fake in
-tests) and fails only with `KubeError`; per job, the status write comes first and nothing else is
-written when it fails; deletions come before creations.
+tests) and fails only with `KubeError`; per job, the writes run in the plan's order (the status
+first, deletions before creations) and nothing else is written when the status write fails.
 """
 
 from __future__ import annotations
@@ -21,17 +22,16 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any, Protocol
 
 from ebbflow_api import contract
 
 from .cache import Store
-from .decision import manifests
 from .decision.allocator import Policy, PriorityFairShare
 from .decision.decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
 from .decision.model import Job, JobKey, Json, Node, Pod, parse_job, parse_node, parse_pod
 from .decision.plan import Plan
+from .decision.writes import AnnotatePod, ChildKind, CreateChild, DeletePod, PatchStatus, Write
 from .errors import KubeError
 from .metrics import JobSample, Metrics
 from .policies import policy_named
@@ -278,7 +278,7 @@ class Reconciler:
         )
 
     def _apply(self, plan: Plan) -> int:
-        """Status first (it records what the deletions mean), then deletions, creations, events.
+        """Executes the plan's writes in order, then records its events.
 
         When the status write fails nothing else is done: the next pass plans again. Any other
         failed write is counted and reported, and the rest go ahead. Returns the failures.
@@ -286,15 +286,15 @@ class Reconciler:
         job, now = plan.job, time.time()
         log.debug("%s/%s: %s", job.namespace, job.name, plan.summary())
         failures = 0
-        for number, (step, store) in enumerate(self._steps(plan)):
+        for write in plan.writes:
             try:
-                answer = step()
+                answer, store = self._execute(job, write)
             except KubeError as error:
                 failures += 1
                 message = f"{error.status} {error.reason}: {error.body[:512]}"
                 log.warning("%s/%s: write failed: %s", job.namespace, job.name, message)
                 self._event(job, "Warning", "ReconcileError", message, now)
-                if number == 0 and plan.status_patch:
+                if isinstance(write, PatchStatus):
                     return failures
                 continue
             if answer and answer.get("kind") != "Status":
@@ -303,61 +303,23 @@ class Reconciler:
             self._event(job, event.type, event.reason, event.message, now)
         return failures
 
-    def _steps(self, plan: Plan) -> list[tuple[Callable[[], Json | None], Store[Any]]]:
-        """The plan's writes in the order they must happen, each with the store its answer feeds."""
-        job, io = plan.job, self.io
-        ns = job.namespace
-        pods, jobs, services = self.stores["pods"], self.stores["jobs"], self.stores["services"]
-        steps: list[tuple[Callable[[], Json | None], Store[Any]]] = []
-        if plan.status_patch:
-            steps.append((partial(io.patch_job_status, ns, job.name, plan.status_patch), jobs))
-        steps += [(partial(io.delete_pod, ns, d.name, d.uid, d.grace_seconds), pods) for d in plan.delete]
-        # The NetworkPolicy first, so the rendezvous store never listens unprotected.
-        if plan.create_network_policy:
-            body = manifests.network_policy(job)
-            steps.append((partial(io.create_network_policy, ns, body), self.stores["networkpolicies"]))
-        if plan.create_rendezvous_pod:
-            steps.append((partial(io.create_pod, ns, manifests.rendezvous_pod(job)), pods))
-        if plan.create_service:
-            steps.append((partial(io.create_service, ns, manifests.job_service(job)), services))
-        steps += [
-            (
-                partial(
-                    io.create_pod,
-                    ns,
-                    manifests.worker_pod(
-                        job,
-                        i,
-                        g,
-                        self.config.trainer_service_accounts,
-                        global_batch=plan.global_batch,
-                        node=plan.pin_node,
-                        memory_budget=plan.memory_budget,
-                    ),
-                ),
-                pods,
-            )
-            for i, g in plan.create_workers
-        ]
-        steps += [
-            (
-                partial(
-                    io.annotate_pod, ns, u.name, u.uid, {contract.ANNOTATION_GLOBAL_BATCH_SIZE: str(u.value)}
-                ),
-                pods,
-            )
-            for u in plan.update_global_batch
-        ]
-        steps += [
-            (
-                partial(
-                    io.annotate_pod, ns, u.name, u.uid, {contract.ANNOTATION_MEMORY_BUDGET: str(u.value)}
-                ),
-                pods,
-            )
-            for u in plan.update_memory_budget
-        ]
-        return steps
+    def _execute(self, job: Job, write: Write) -> tuple[Json | None, Store[Any]]:
+        """One write through `ClusterIO`, and the store its answer feeds."""
+        io, ns, stores = self.io, job.namespace, self.stores
+        match write:
+            case PatchStatus(patch):
+                return io.patch_job_status(ns, job.name, patch), stores["jobs"]
+            case DeletePod(name, uid, grace_seconds):
+                return io.delete_pod(ns, name, uid, grace_seconds), stores["pods"]
+            case CreateChild(ChildKind.POD, body):
+                return io.create_pod(ns, body), stores["pods"]
+            case CreateChild(ChildKind.SERVICE, body):
+                return io.create_service(ns, body), stores["services"]
+            case CreateChild(ChildKind.NETWORK_POLICY, body):
+                return io.create_network_policy(ns, body), stores["networkpolicies"]
+            case AnnotatePod(name, uid, annotations):
+                return io.annotate_pod(ns, name, uid, annotations), stores["pods"]
+        raise AssertionError(f"unknown write {write!r}")
 
     def _event(self, job: Job, type_: str, reason: str, message: str, now: float) -> None:
         try:

@@ -37,8 +37,6 @@ class OperatorConfig:
     debounce: float = 0.05  # gather a burst of watch events into one pass
     write_concurrency: int = 8
     max_writes_per_pass: int = 500  # the rest waits for the next pass (this_pass)
-    # ServiceAccount of workers whose template names none, by namespace ("" = every namespace).
-    trainer_service_accounts: Mapping[str, str] = field(default_factory=dict)
     policy: str = "fair"  # who gets a freed GPU: policies.POLICIES
 
 
@@ -156,9 +154,9 @@ def this_pass(plans: Sequence[Plan], max_writes: int) -> tuple[list[Plan], list[
     work = sorted((p for p in plans if p.has_work), key=lambda p: not p.delete)
     taken, writes = 0, 0
     for plan in work:
-        if taken and writes + plan.writes > max_writes:
+        if taken and writes + plan.write_count > max_writes:
             break
-        taken, writes = taken + 1, writes + plan.writes
+        taken, writes = taken + 1, writes + plan.write_count
     return work[:taken], work[taken:]
 
 

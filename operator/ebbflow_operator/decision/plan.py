@@ -14,6 +14,7 @@ from .model import Job, Json, Node, Pod
 from .status import (
     ConditionUpdate,
 )
+from .writes import Write
 
 TERMINAL_PHASES = frozenset(phase for phase in Phase if phase.terminal)
 
@@ -33,6 +34,8 @@ class RescaleReason(StrEnum):
 class PlannerConfig:
     pending_timeout: float = 120.0  # seconds the scheduler may refuse a worker before it is withdrawn
     hold_seconds: float = 300.0  # after a withdrawal the job grows no further for this long
+    # ServiceAccount of workers whose template names none, by namespace ("" = every namespace).
+    trainer_service_accounts: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -89,26 +92,17 @@ class Plan:
     rescale_reason: RescaleReason | None = None
     preemptions: int = 0
     status: Json = field(default_factory=dict)
+    writes: tuple[Write, ...] = ()  # what carries the fields above out, in order (`planner.writes_of`)
 
     @property
     def has_work(self) -> bool:
         """Whether applying the plan writes anything (most passes leave most jobs alone)."""
-        return self.writes > 0
+        return self.write_count > 0
 
     @property
-    def writes(self) -> int:
+    def write_count(self) -> int:
         """The API writes applying the plan takes (events included)."""
-        return (
-            bool(self.status_patch)
-            + len(self.delete)
-            + len(self.create_workers)
-            + self.create_rendezvous_pod
-            + self.create_service
-            + self.create_network_policy
-            + len(self.update_global_batch)
-            + len(self.update_memory_budget)
-            + len(self.events)
-        )
+        return len(self.writes) + len(self.events)
 
     def summary(self) -> str:
         """The plan's writes in a line, for the operator's debug log: which fields of the status

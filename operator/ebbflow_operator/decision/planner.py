@@ -53,6 +53,7 @@ from .status import (
     ConditionUpdate,
     merge_patch,
 )
+from .writes import AnnotatePod, ChildKind, CreateChild, DeletePod, PatchStatus, Write
 
 
 def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) -> Plan:
@@ -92,7 +93,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
     update = job_status(job, observed, seen, ending, timeout, sizing, settled, now, config)
     if batch.value is not None:
         update = replace(update, status={**update.status, "globalBatchSize": batch.value})
-    return Plan(
+    plan = Plan(
         job=job,
         create_workers=sizing.create,
         pin_node=sizing.pin_node,
@@ -110,6 +111,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         preemptions=len(seen.lost),
         status=update.status,
     )
+    return replace(plan, writes=writes_of(plan, config.trainer_service_accounts))
 
 
 def classify(
@@ -426,3 +428,35 @@ def memory_budget(job: Job, active: Sequence[Pod], nodes: Mapping[str, Node], en
     [(before, _)] = carried.most_common(1)  # what most workers carry
     message = f"memory budget {before} MiB -> {value} MiB per worker"
     return Budget(value, stale, Report((Event("Normal", "MemoryBudgetChanged", message),)))
+
+
+def writes_of(plan: Plan, service_accounts: Mapping[str, str]) -> tuple[Write, ...]:
+    """The writes that carry `plan` out, complete and in order (see `writes`); `service_accounts`
+    names the ServiceAccount of workers whose template sets none."""
+    job = plan.job
+    writes: list[Write] = [PatchStatus(plan.status_patch)] if plan.status_patch else []
+    writes += [DeletePod(d.name, d.uid, d.grace_seconds) for d in plan.delete]
+    if plan.create_network_policy:
+        writes.append(CreateChild(ChildKind.NETWORK_POLICY, manifests.network_policy(job)))
+    if plan.create_rendezvous_pod:
+        writes.append(CreateChild(ChildKind.POD, manifests.rendezvous_pod(job)))
+    if plan.create_service:
+        writes.append(CreateChild(ChildKind.SERVICE, manifests.job_service(job)))
+    for index, generation in plan.create_workers:
+        body = manifests.worker_pod(
+            job,
+            index,
+            generation,
+            service_accounts,
+            global_batch=plan.global_batch,
+            node=plan.pin_node,
+            memory_budget=plan.memory_budget,
+        )
+        writes.append(CreateChild(ChildKind.POD, body))
+    for batch in plan.update_global_batch:
+        annotation = {contract.ANNOTATION_GLOBAL_BATCH_SIZE: str(batch.value)}
+        writes.append(AnnotatePod(batch.name, batch.uid, annotation))
+    for budget in plan.update_memory_budget:
+        annotation = {contract.ANNOTATION_MEMORY_BUDGET: str(budget.value)}
+        writes.append(AnnotatePod(budget.name, budget.uid, annotation))
+    return tuple(writes)

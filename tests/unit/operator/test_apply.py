@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from ebbflow_api import contract
-from ebbflow_devtools.builders import NOW, JobBuilder, make_job
+from ebbflow_devtools.builders import NOW, JobBuilder, make_job, with_writes
 from ebbflow_devtools.waiting import wait_for
 from ebbflow_operator.decision import manifests
 from ebbflow_operator.decision.decide import OperatorConfig
@@ -89,15 +89,17 @@ class FakeCluster:
 JOB = make_job(JobBuilder("train").replicas(1, 4))
 RDZV = manifests.rendezvous_name("train")
 SERVICE = manifests.service_name("train")
-FULL = Plan(
-    job=JOB,
-    status_patch={"desiredReplicas": 2},
-    delete=(Deletion("train-worker-3", "uid-train-3", 30, "scale down"),),
-    create_rendezvous_pod=True,
-    create_service=True,
-    create_network_policy=True,
-    create_workers=((4, 2),),
-    events=(Event("Normal", "Rescaled", "3 -> 2 workers"),),
+FULL = with_writes(
+    Plan(
+        job=JOB,
+        status_patch={"desiredReplicas": 2},
+        delete=(Deletion("train-worker-3", "uid-train-3", 30, "scale down"),),
+        create_rendezvous_pod=True,
+        create_service=True,
+        create_network_policy=True,
+        create_workers=((4, 2),),
+        events=(Event("Normal", "Rescaled", "3 -> 2 workers"),),
+    )
 )
 STATUS: Call = ("patch_job_status", "train")
 DELETE: Call = ("delete_pod", "train-worker-3")
@@ -135,7 +137,7 @@ def reconciler(cluster: FakeCluster, metrics: Metrics | None = None) -> Reconcil
             id="deletion-fails-creations-go-on",
         ),
         pytest.param(
-            replace(FULL, status_patch={}),
+            with_writes(replace(FULL, status_patch={})),
             {"delete_pod": KubeError(500)},
             [DELETE, ERROR, *CREATES, RESCALED],
             1,
@@ -156,14 +158,18 @@ def reconciler(cluster: FakeCluster, metrics: Metrics | None = None) -> Reconcil
             id="events-are-best-effort",
         ),
         pytest.param(
-            replace(FULL, update_global_batch=(BatchUpdate("train-worker-0", "uid-train-0", 64),)),
+            with_writes(
+                replace(FULL, update_global_batch=(BatchUpdate("train-worker-0", "uid-train-0", 64),))
+            ),
             {"annotate_pod train-worker-0": KubeError(500)},
             [STATUS, DELETE, *CREATES, ("annotate_pod", "train-worker-0"), ERROR, RESCALED],
             1,
             id="global-batch-annotated-after-creations",
         ),
         pytest.param(
-            replace(FULL, update_memory_budget=(BudgetUpdate("train-worker-0", "uid-train-0", 20480),)),
+            with_writes(
+                replace(FULL, update_memory_budget=(BudgetUpdate("train-worker-0", "uid-train-0", 20480),))
+            ),
             {"annotate_pod train-worker-0": KubeError(500)},
             [STATUS, DELETE, *CREATES, ("annotate_pod", "train-worker-0"), ERROR, RESCALED],
             1,
@@ -307,10 +313,9 @@ def test_liveness_fails_once_no_pass_completed_for_long(resync: float, idle: flo
     assert loop.last_pass_at > started and loop.stalled_for(loop.last_pass_at + 1.0) is None
 
 
-def test_workers_get_the_trainer_service_account_the_operator_was_given() -> None:
+def test_workers_get_the_trainer_service_account_the_planner_was_given() -> None:
     cluster = FakeCluster()
-    config = OperatorConfig(trainer_service_accounts={"": "ebbflow-trainer"})
-    Reconciler(cluster, config, Metrics())._apply(FULL)
+    reconciler(cluster)._apply(with_writes(FULL, {"": "ebbflow-trainer"}))
     accounts = {p["metadata"]["name"]: p["spec"].get("serviceAccountName") for p in cluster.created_pods}
     assert accounts == {RDZV: None, "train-worker-4": "ebbflow-trainer"}
 
@@ -319,12 +324,14 @@ def test_band_limited_workers_are_created_with_the_budget_and_told_its_changes()
     """New workers carry the plan's budget; each stale worker gets its own merge patch with the uid
     precondition, as the global batch does."""
     band_limited = make_job(JobBuilder("train").replicas(1, 4).band_limit())
-    plan = replace(
-        FULL,
-        job=band_limited,
-        memory_budget=20480,
-        update_memory_budget=(BudgetUpdate("train-worker-0", "uid-train-0", 20480),),
-        update_global_batch=(BatchUpdate("train-worker-1", "uid-train-1", 128),),
+    plan = with_writes(
+        replace(
+            FULL,
+            job=band_limited,
+            memory_budget=20480,
+            update_memory_budget=(BudgetUpdate("train-worker-0", "uid-train-0", 20480),),
+            update_global_batch=(BatchUpdate("train-worker-1", "uid-train-1", 128),),
+        )
     )
     cluster = FakeCluster()
     assert reconciler(cluster)._apply(plan) == 0

@@ -7,7 +7,14 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 from ebbflow_api import contract
-from ebbflow_devtools.builders import JobBuilder, make_job, make_node, make_rendezvous, make_worker
+from ebbflow_devtools.builders import (
+    JobBuilder,
+    make_job,
+    make_node,
+    make_rendezvous,
+    make_worker,
+    with_writes,
+)
 from ebbflow_operator.decision.allocator import PriorityFairShare
 from ebbflow_operator.decision.decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
 from ebbflow_operator.decision.model import Job, JobKey, Node, Pod
@@ -231,12 +238,13 @@ def test_plans_that_wait_on_the_clock_are_not_remembered(
 
 def plan_of(name: str, creates: int = 0, deletes: int = 0, status: bool = True) -> Plan:
     """A plan of `status` (1 write), `creates` workers and `deletes` deletions."""
-    return Plan(
+    plan = Plan(
         job=make_job(JobBuilder(name).replicas(1, 24)),
         status_patch={"replicas": creates} if status else {},
         create_workers=tuple((i, 1) for i in range(creates)),
         delete=tuple(Deletion(f"{name}-worker-{i}", f"uid-{i}", 0, "lost") for i in range(deletes)),
     )
+    return with_writes(plan)
 
 
 IDLE = Plan(job=make_job(JobBuilder("idle").replicas(1, 2)))
@@ -267,7 +275,7 @@ IDLE = Plan(job=make_job(JobBuilder("idle").replicas(1, 2)))
 def test_this_pass(plans: list[Plan], budget: int, now: list[str], later: list[str]) -> None:
     applied, deferred = this_pass(plans, budget)
     assert ([p.job.name for p in applied], [p.job.name for p in deferred]) == (now, later)
-    assert sum(p.writes for p in applied) <= budget or len(applied) == 1
+    assert sum(p.write_count for p in applied) <= budget or len(applied) == 1
 
 
 @pytest.mark.parametrize(
@@ -277,14 +285,16 @@ def test_this_pass(plans: list[Plan], budget: int, now: list[str], later: list[s
         pytest.param(plan_of("a", 3, deletes=2), 6, id="status-creates-deletes"),
         pytest.param(replace(IDLE, events=(Event("Normal", "Rescaled", "1 -> 2"),)), 1, id="an-event"),
         pytest.param(
-            replace(IDLE, create_rendezvous_pod=True, create_service=True, create_network_policy=True),
+            with_writes(
+                replace(IDLE, create_rendezvous_pod=True, create_service=True, create_network_policy=True)
+            ),
             3,
             id="children",
         ),
     ],
 )
 def test_plan_writes(plan: Plan, writes: int) -> None:
-    assert plan.writes == writes
+    assert plan.write_count == writes
     assert plan.has_work == (writes > 0)
 
 

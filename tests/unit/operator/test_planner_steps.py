@@ -11,6 +11,7 @@ import pytest
 from ebbflow_api import contract
 from ebbflow_api.models import Phase
 from ebbflow_devtools.builders import NOW, JobBuilder, make_job, make_node, make_rendezvous, make_worker
+from ebbflow_operator.decision import manifests
 from ebbflow_operator.decision.job_status import (
     job_status,
     lasting_fields,
@@ -30,11 +31,14 @@ from ebbflow_operator.decision.model import (
     format_time,
 )
 from ebbflow_operator.decision.plan import (
+    BatchUpdate,
+    BudgetUpdate,
     Deletion,
     Ending,
     Event,
     Hold,
     Observed,
+    Plan,
     PlannerConfig,
     Report,
     RescaleReason,
@@ -55,12 +59,15 @@ from ebbflow_operator.decision.planner import (
     movers,
     new_workers,
     pending_timeout,
+    plan_job,
     rendezvous_and_services,
     resize,
     target_size,
     victims,
+    writes_of,
 )
 from ebbflow_operator.decision.status import FAILED, PREEMPTED, READY, SCHEDULABLE, SUCCEEDED, ConditionUpdate
+from ebbflow_operator.decision.writes import AnnotatePod, CreateChild, DeletePod, PatchStatus, Write
 
 CONFIG = PlannerConfig(pending_timeout=60, hold_seconds=300)
 EVICTING = Taint("ebbflow.dev/spot-termination", "NoExecute", "true")
@@ -1385,3 +1392,75 @@ def test_memory_budget(
     ]
     assert [e.message for e in budget.report.events] == events
     assert {(e.type, e.reason) for e in budget.report.events} <= {("Normal", "MemoryBudgetChanged")}
+
+
+# --- writes_of: the plan's writes, complete and in order ------------------------------------------
+
+WRITER = make_job(JobBuilder("w").replicas(1, 4))
+FULL_PLAN = Plan(
+    job=WRITER,
+    status_patch={"desiredReplicas": 2},
+    delete=(Deletion("w-worker-3", "uid-3", 30, "scale down"),),
+    create_network_policy=True,
+    create_rendezvous_pod=True,
+    create_service=True,
+    create_workers=((4, 2),),
+    update_global_batch=(BatchUpdate("w-worker-0", "uid-0", 64),),
+    update_memory_budget=(BudgetUpdate("w-worker-1", "uid-1", 2048),),
+    events=(Event("Normal", "Rescaled", "3 -> 2 workers"),),
+)
+
+
+def described(write: Write) -> tuple[str, str]:
+    match write:
+        case PatchStatus(patch):
+            return ("status", ",".join(sorted(patch)))
+        case DeletePod(name, _, grace_seconds):
+            return ("delete", f"{name} grace {grace_seconds}")
+        case CreateChild(kind, body):
+            return (f"create {kind}", body["metadata"]["name"])
+        case AnnotatePod(name, _, annotations):
+            return ("annotate", f"{name} {annotations}")
+    raise AssertionError(write)
+
+
+@pytest.mark.parametrize(
+    ("plan", "expected"),
+    [
+        pytest.param(Plan(job=WRITER, events=FULL_PLAN.events), [], id="events-are-not-writes"),
+        pytest.param(Plan(job=WRITER, status_patch={"phase": "Running"}), [("status", "phase")], id="status"),
+        pytest.param(
+            FULL_PLAN,
+            [
+                ("status", "desiredReplicas"),
+                ("delete", "w-worker-3 grace 30"),
+                ("create NetworkPolicy", manifests.network_policy_name("w")),
+                ("create Pod", manifests.rendezvous_name("w")),
+                ("create Service", manifests.service_name("w")),
+                ("create Pod", "w-worker-4"),
+                ("annotate", f"w-worker-0 {{'{contract.ANNOTATION_GLOBAL_BATCH_SIZE}': '64'}}"),
+                ("annotate", f"w-worker-1 {{'{contract.ANNOTATION_MEMORY_BUDGET}': '2048'}}"),
+            ],
+            id="status-deletions-policy-store-service-workers-annotations",
+        ),
+    ],
+)
+def test_writes_of_orders_the_plan(plan: Plan, expected: list[tuple[str, str]]) -> None:
+    assert [described(w) for w in writes_of(plan, {})] == expected
+
+
+def test_writes_of_builds_complete_worker_bodies() -> None:
+    """The worker's body is the manifest with everything the plan decided for new workers."""
+    plan = replace(FULL_PLAN, pin_node="n7", global_batch=128)
+    [worker] = [w for w in writes_of(plan, {"": "trainers"}) if described(w) == ("create Pod", "w-worker-4")]
+    assert isinstance(worker, CreateChild)
+    expected = manifests.worker_pod(WRITER, 4, 2, {"": "trainers"}, global_batch=128, node="n7")
+    assert worker.body == expected
+    assert worker.body["spec"]["serviceAccountName"] == "trainers"
+
+
+def test_plan_job_carries_its_writes() -> None:
+    """The planner's plan is executed as it is: its writes are those its fields call for."""
+    job = make_job(JobBuilder("fresh").replicas(1, 2))
+    plan = plan_job(job, observed([], frozenset()), NOW, PlannerConfig(trainer_service_accounts={"": "sa"}))
+    assert plan.writes == writes_of(plan, {"": "sa"}) and plan.writes
