@@ -24,7 +24,7 @@ from pathlib import Path
 from ebbflow_sim.allocation import POLICIES
 from ebbflow_sim.cli import ratio_range
 from ebbflow_sim.cluster import ClusterConfig
-from ebbflow_sim.engine import SimConfig, simulate
+from ebbflow_sim.simulation import SimConfig, simulate
 from ebbflow_sim.trace import TraceConfig, generate
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ from pathlib import Path
 from ebbflow_operator import policies
 from ebbflow_sim.allocation import POLICIES
 from ebbflow_sim.cluster import ClusterConfig
-from ebbflow_sim.engine import SimConfig, Simulation
+from ebbflow_sim.simulation import SimConfig, Simulation
 from ebbflow_sim.trace import TraceConfig, generate
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ out=build/sim-native
 modules=(ebbflow_operator/decision/allocator ebbflow_operator/policies/__init__ ebbflow_operator/policies/packing
   ebbflow_operator/policies/greedy ebbflow_operator/policies/goodput ebbflow_operator/policies/quality
   ebbflow_operator/policies/job_metrics ebbflow_operator/policies/throughput ebbflow_operator/policies/search
-  ebbflow_operator/policies/loss_curve ebbflow_sim/allocation ebbflow_sim/engine ebbflow_sim/state
+  ebbflow_operator/policies/loss_curve ebbflow_sim/allocation ebbflow_sim/simulation ebbflow_sim/job_state
   ebbflow_sim/cluster ebbflow_sim/trace)
 
 rm -rf "$out"
@@ -51,7 +51,7 @@ fi
 cycles='
 import gc
 from ebbflow_sim.cluster import ClusterConfig
-from ebbflow_sim.engine import SimConfig, Simulation
+from ebbflow_sim.simulation import SimConfig, Simulation
 from ebbflow_sim.trace import TraceConfig, generate
 cluster = ClusterConfig(gpus=128, replicas=2, preempt_rate_per_hour=1.0)
 jobs = generate(TraceConfig(jobs=40, gpus=128, elastic_max_factor=4, adaptive_batch_fraction=0.5), 4)

@@ -22,7 +22,7 @@ from ebbflow_operator.decision.allocator import Demand, Packing, Policy
 from ebbflow_operator.decision.model import JobKey
 from ebbflow_operator.policies import JobMetrics, NodeDevices, SlicedPacking, policy_named
 
-from .state import JobState
+from .job_state import JobState
 
 NAMESPACE = "sim"
 ELASTIC = policies.POLICIES  # the operator's; the simulator adds the rigid baselines

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .allocation import POLICIES
 from .cluster import ClusterConfig, GpuType
-from .engine import Result, SimConfig, simulate, unschedulable
+from .simulation import Result, SimConfig, simulate, unschedulable
 from .trace import SimJob, TraceConfig, generate, read_csv, write_csv
 
 COLUMNS = (

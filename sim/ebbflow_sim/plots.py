@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .engine import Result
+from .simulation import Result
 
 
 def write_series(results: Sequence[Result], folder: Path) -> None:

@@ -41,6 +41,18 @@ class OperatorConfig:
 
 
 @dataclass(frozen=True)
+class ObservedValues:
+    """What `plan_job` reads of a job's observation that compares by value (the rest by identity)."""
+
+    services: frozenset[str]
+    network_policies: frozenset[str]
+    desired: int
+    free_gpus: int
+    global_batch: int | None
+    moves: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class PlanInputs:
     """Everything `plan_job` reads for one job besides the time and the planner's configuration.
     The cache hands out the same parsed object until the API server has a new version of it, so
@@ -49,7 +61,7 @@ class PlanInputs:
     job: Job
     pods: tuple[Pod, ...]
     nodes: tuple[Node | None, ...]  # the nodes the job's pods and recorded workers name
-    rest: tuple[object, ...]  # Services, NetworkPolicies, size, free GPUs, B, moves: by value
+    values: ObservedValues
 
     def same_as(self, other: PlanInputs) -> bool:
         return (
@@ -58,7 +70,7 @@ class PlanInputs:
             and all(a is b for a, b in zip(self.pods, other.pods, strict=True))
             and len(self.nodes) == len(other.nodes)
             and all(a is b for a, b in zip(self.nodes, other.nodes, strict=True))
-            and self.rest == other.rest
+            and self.values == other.values
         )
 
 
@@ -163,7 +175,7 @@ def this_pass(plans: Sequence[Plan], max_writes: int) -> tuple[list[Plan], list[
 def _plan_inputs(job: Job, observed: Observed) -> PlanInputs:
     # In the pods' and the status's own order: the same pods and job give the same order.
     named = [*(p.node for p in observed.pods), *job.status.worker_nodes.values()]
-    rest = (
+    values = ObservedValues(
         observed.services,
         observed.network_policies,
         observed.desired,
@@ -172,7 +184,7 @@ def _plan_inputs(job: Job, observed: Observed) -> PlanInputs:
         observed.moves,
     )
     nodes = observed.nodes
-    return PlanInputs(job, tuple(observed.pods), tuple(nodes.get(n) if n else None for n in named), rest)
+    return PlanInputs(job, tuple(observed.pods), tuple(nodes.get(n) if n else None for n in named), values)
 
 
 def _timeless(plan: Plan, observed: Observed) -> bool:

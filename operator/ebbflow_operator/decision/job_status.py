@@ -17,10 +17,10 @@ from .model import Job, Json, Pod, format_time, parse_progress
 from .plan import (
     Ending,
     Event,
+    EventsAndConditions,
     Hold,
     Observed,
     PlannerConfig,
-    Report,
     RescaleReason,
     Sizing,
     StatusUpdate,
@@ -37,13 +37,13 @@ from .status import (
 )
 
 
-def report_losses(lost: Mapping[str, str], preemptions: int) -> Report:
+def report_losses(lost: Mapping[str, str], preemptions: int) -> EventsAndConditions:
     """The Preempted condition and a warning naming each lost worker; `preemptions` is the new total."""
     if not lost:
-        return Report()
+        return EventsAndConditions()
     names = ", ".join(f"{name} ({why})" for name, why in sorted(lost.items()))
     message = f"lost {names}; preemptions so far: {preemptions}"
-    return Report(
+    return EventsAndConditions(
         (Event("Warning", PREEMPTED, f"lost {len(lost)} worker(s): {names}"),),
         (ConditionUpdate(PREEMPTED, True, sorted(lost.values())[0], message),),
     )
@@ -88,7 +88,7 @@ def job_status(
         )
         rescaled += (Event("Normal", "MovedOntoOneNode", message),)
     report = report_losses(seen.lost, preemptions) + ending.report + timeout.report
-    report += Report(rescaled, (*scheduling, ready_condition))
+    report += EventsAndConditions(rescaled, (*scheduling, ready_condition))
     rescale = {"time": stamp, "from": before, "to": target, "reason": reason} if reason else None
     progress = latest_progress(children(job, observed.pods, contract.ROLE_WORKER))
     new_status: Json = {

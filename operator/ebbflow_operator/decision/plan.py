@@ -133,14 +133,14 @@ class Observed:
 
 
 @dataclass(frozen=True)
-class Report:
+class EventsAndConditions:
     """What a step tells people: events to record and conditions to set, in the order decided."""
 
     events: tuple[Event, ...] = ()
     conditions: tuple[ConditionUpdate, ...] = ()
 
-    def __add__(self, other: Report) -> Report:
-        return Report(self.events + other.events, self.conditions + other.conditions)
+    def __add__(self, other: EventsAndConditions) -> EventsAndConditions:
+        return EventsAndConditions(self.events + other.events, self.conditions + other.conditions)
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ class Ending:
     phase: Phase | None = None
     restarts: int = 0
     delete: tuple[Deletion, ...] = ()  # failed workers to replace, or the ended job's clean-up
-    report: Report = field(default_factory=Report)
+    report: EventsAndConditions = field(default_factory=EventsAndConditions)
 
     @property
     def ended(self) -> bool:
@@ -184,7 +184,7 @@ class Timeout:
     active: tuple[Pod, ...] = ()
     stuck: tuple[Pod, ...] = ()  # unscheduled for longer than the pending timeout
     hold: Hold | None = None
-    report: Report = field(default_factory=Report)
+    report: EventsAndConditions = field(default_factory=EventsAndConditions)
 
     @property
     def delete(self) -> tuple[Deletion, ...]:
@@ -204,7 +204,7 @@ class Sizing:
 
 
 @dataclass(frozen=True)
-class Support:
+class ChildrenPlan:
     """What happens to the job's rendezvous pod, Service and NetworkPolicy."""
 
     delete: tuple[Deletion, ...] = ()
@@ -214,21 +214,21 @@ class Support:
 
 
 @dataclass(frozen=True)
-class Batch:
+class GlobalBatchPlan:
     """The global batch the workers should train with, and the workers still to be told."""
 
     value: int | None = None  # None: the job's spec does not let B change
     update: tuple[BatchUpdate, ...] = ()
-    report: Report = field(default_factory=Report)
+    report: EventsAndConditions = field(default_factory=EventsAndConditions)
 
 
 @dataclass(frozen=True)
-class Budget:
+class MemoryBudgetPlan:
     """The GPU memory each worker may use, and the workers still to be told."""
 
     value: int | None = None  # MiB; None: not spec.bandLimit, or nothing says how much there is
     update: tuple[BudgetUpdate, ...] = ()
-    report: Report = field(default_factory=Report)
+    report: EventsAndConditions = field(default_factory=EventsAndConditions)
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,7 @@ class StatusUpdate:
 
     status: Json
     rescale_reason: RescaleReason | None = None
-    report: Report = field(default_factory=Report)
+    report: EventsAndConditions = field(default_factory=EventsAndConditions)
 
 
 def children(job: Job, pods: Sequence[Pod], role: str) -> list[Pod]:

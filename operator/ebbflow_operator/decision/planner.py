@@ -29,20 +29,20 @@ from .gpu_memory import job_budget_mib
 from .job_status import job_status
 from .model import Job, Node, Pod, format_time, parse_time
 from .plan import (
-    Batch,
     BatchUpdate,
-    Budget,
     BudgetUpdate,
+    ChildrenPlan,
     Deletion,
     Ending,
     Event,
+    EventsAndConditions,
+    GlobalBatchPlan,
     Hold,
+    MemoryBudgetPlan,
     Observed,
     Plan,
     PlannerConfig,
-    Report,
     Sizing,
-    Support,
     Timeout,
     Workers,
     children,
@@ -198,12 +198,12 @@ def _failed(job: Job, seen: Workers) -> Ending:
     fatal = fatal_exit(seen.failures)
     if fatal is None and restarts <= spec.max_restarts:
         replaced = tuple(Deletion(p.name, p.uid, 0, "failed") for p in seen.failures)
-        return Ending(restarts=restarts, delete=replaced, report=Report(noted))
+        return Ending(restarts=restarts, delete=replaced, report=EventsAndConditions(noted))
     why, message = fatal or (
         "TooManyFailures",
         f"{restarts} worker failures exceed spec.maxRestarts={spec.max_restarts}: {details}",
     )
-    report = Report(
+    report = EventsAndConditions(
         (*noted, Event("Warning", "Failed", message)), (ConditionUpdate(FAILED, True, why, message),)
     )
     return Ending(Phase.FAILED, restarts, report=report)
@@ -225,7 +225,7 @@ def _succeeded(seen: Workers, ending: Ending) -> Ending:
     if ending.ended or not seen.succeeded or seen.active:
         return ending
     message = f"{len(seen.succeeded)} worker(s) finished training"
-    report = Report(
+    report = EventsAndConditions(
         (Event("Normal", "Succeeded", message),),
         (ConditionUpdate(SUCCEEDED, True, "WorkersSucceeded", message),),
     )
@@ -272,7 +272,9 @@ def pending_timeout(
         f"withdrew {len(stuck)} worker(s) the scheduler refused for over {config.pending_timeout:.0f}s "
         f"({', '.join(p.name for p in stuck)}); at most {hold.replicas} until {format_time(hold.until)}"
     )
-    return Timeout(staying, stuck, hold, Report((Event("Warning", "WorkersWithdrawn", message),)))
+    return Timeout(
+        staying, stuck, hold, EventsAndConditions((Event("Warning", "WorkersWithdrawn", message),))
+    )
 
 
 def current_hold(job: Job, now: float) -> Hold | None:
@@ -375,7 +377,7 @@ def new_workers(job_name: str, count: int, generation: int, taken: Set[str]) -> 
     return tuple((index, generation) for index in itertools.islice(free, max(0, count)))
 
 
-def rendezvous_and_services(job: Job, observed: Observed, ended: bool) -> Support:
+def rendezvous_and_services(job: Job, observed: Observed, ended: bool) -> ChildrenPlan:
     """A running job has one rendezvous pod (replaced once it ends or its node is gone: PodGC removes
     such a pod only after a long quarantine), its Service and its NetworkPolicy; an ended job
     cleans the pod up (the rest goes with the job)."""
@@ -383,9 +385,11 @@ def rendezvous_and_services(job: Job, observed: Observed, ended: bool) -> Suppor
     pods = [p for p in children(job, observed.pods, contract.ROLE_RENDEZVOUS) if not p.deleting]
     if ended:
         cleaning = job.spec.clean_pod_policy != CleanPodPolicy.NONE
-        return Support(delete=tuple(Deletion(p.name, p.uid, 0, "job finished") for p in pods if cleaning))
+        return ChildrenPlan(
+            delete=tuple(Deletion(p.name, p.uid, 0, "job finished") for p in pods if cleaning)
+        )
     gone = [p for p in pods if p.finished or (p.node is not None and p.node not in observed.nodes)]
-    return Support(
+    return ChildrenPlan(
         delete=tuple(Deletion(p.name, p.uid, 0, "rendezvous ended", runs_nowhere=True) for p in gone),
         create_rendezvous_pod=not pods and name not in {p.name for p in observed.pods},
         create_service=manifests.service_name(job.name) not in observed.services,
@@ -393,41 +397,45 @@ def rendezvous_and_services(job: Job, observed: Observed, ended: bool) -> Suppor
     )
 
 
-def global_batch(job: Job, chosen: int | None, active: Sequence[Pod], ended: bool) -> Batch:
+def global_batch(job: Job, chosen: int | None, active: Sequence[Pod], ended: bool) -> GlobalBatchPlan:
     """With spec.maxGlobalBatchSize: the policy's B when the spec allows it (else the one in use),
     and the active workers whose annotation differs. The trainers switch together at a step
     boundary once rank 0's projected file shows the new value."""
     spec = job.spec
     if spec.max_global_batch_size is None:
-        return Batch()
+        return GlobalBatchPlan()
     before = manifests.global_batch_in_use(job)
     value = chosen if chosen is not None and spec.allows_global_batch(chosen) else before
     if ended:
-        return Batch(value)
+        return GlobalBatchPlan(value)
     stale = tuple(BatchUpdate(p.name, p.uid, value) for p in active if p.global_batch != str(value))
     changed = (
         (Event("Normal", "GlobalBatchChanged", f"global batch {before} -> {value}"),)
         if value != before
         else ()
     )
-    return Batch(value, stale, Report(changed))
+    return GlobalBatchPlan(value, stale, EventsAndConditions(changed))
 
 
-def memory_budget(job: Job, active: Sequence[Pod], nodes: Mapping[str, Node], ended: bool) -> Budget:
+def memory_budget(
+    job: Job, active: Sequence[Pod], nodes: Mapping[str, Node], ended: bool
+) -> MemoryBudgetPlan:
     """With spec.bandLimit: the job's budget (`gpu_memory.job_budget_mib`, from the workers that
     stay) and the active workers whose annotation differs. A MemoryBudgetChanged event when it
     moves from what the workers carry; not again while a move is being applied (a worker already
     carries the new value), nor for the first budget a job gets (it is in the annotation)."""
     value = job_budget_mib(job, active, nodes)
     if value is None or ended:
-        return Budget(value)
+        return MemoryBudgetPlan(value)
     stale = tuple(BudgetUpdate(p.name, p.uid, value) for p in active if p.memory_budget != str(value))
     carried = Counter(p.memory_budget for p in active if p.memory_budget is not None)
     if not carried or str(value) in carried:
-        return Budget(value, stale)
+        return MemoryBudgetPlan(value, stale)
     [(before, _)] = carried.most_common(1)  # what most workers carry
     message = f"memory budget {before} MiB -> {value} MiB per worker"
-    return Budget(value, stale, Report((Event("Normal", "MemoryBudgetChanged", message),)))
+    return MemoryBudgetPlan(
+        value, stale, EventsAndConditions((Event("Normal", "MemoryBudgetChanged", message),))
+    )
 
 
 def writes_of(plan: Plan, service_accounts: Mapping[str, str]) -> tuple[Write, ...]:

@@ -36,11 +36,11 @@ from ebbflow_operator.decision.plan import (
     Deletion,
     Ending,
     Event,
+    EventsAndConditions,
     Hold,
     Observed,
     Plan,
     PlannerConfig,
-    Report,
     RescaleReason,
     Sizing,
     Timeout,
@@ -1171,8 +1171,8 @@ GROWN = Sizing(3, (worker(0), worker(1)), create=((2, 2),), generation=2)
         ),
         pytest.param(
             LOST,
-            Ending(report=Report((Event("Warning", "WorkerFailed", "x"),))),
-            Timeout(report=Report((Event("Warning", "WorkersWithdrawn", "y"),))),
+            Ending(report=EventsAndConditions((Event("Warning", "WorkerFailed", "x"),))),
+            Timeout(report=EventsAndConditions((Event("Warning", "WorkersWithdrawn", "y"),))),
             GROWN,
             False,
             {
@@ -1194,7 +1194,9 @@ GROWN = Sizing(3, (worker(0), worker(1)), create=((2, 2),), generation=2)
             Ending(
                 Phase.FAILED,
                 4,
-                report=Report(conditions=(ConditionUpdate(FAILED, True, "TooManyFailures", "m"),)),
+                report=EventsAndConditions(
+                    conditions=(ConditionUpdate(FAILED, True, "TooManyFailures", "m"),)
+                ),
             ),
             Timeout(),
             Sizing(0, generation=1),

@@ -13,8 +13,8 @@ from ebbflow_operator.policies.throughput import Placement
 from ebbflow_sim import cli
 from ebbflow_sim.allocation import Placer, metrics
 from ebbflow_sim.cluster import ClusterConfig, GpuType, initial_nodes, node_type, replacement
-from ebbflow_sim.engine import SimConfig, Simulation
-from ebbflow_sim.state import JobState
+from ebbflow_sim.job_state import JobState
+from ebbflow_sim.simulation import SimConfig, Simulation
 from ebbflow_sim.trace import SimJob, TraceConfig, generate, read_csv, write_csv
 
 

@@ -26,7 +26,7 @@ from ebbflow_operator.policies.throughput import Placement, compute_speeds
 
 from .allocation import ELASTIC, POLICIES, Placer, demand, elastic_policy, key_of, rigid_allocate
 from .cluster import ClusterConfig, initial_nodes, lifetime_s, node_type, replacement
-from .state import JobState
+from .job_state import JobState
 from .trace import SimJob
 
 NODE_DOWN, NODE_UP, ARRIVAL, SNAPSHOT, PASS = range(5)
