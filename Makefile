@@ -30,11 +30,17 @@ PYPROJECTS := pyproject.toml api/pyproject.toml operator/pyproject.toml trainer-
 help: ## List every target with one line.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(INSTALL_STAMP): $(PYPROJECTS)
+# The shipped distributions' dependencies (torch and its CUDA libraries: 5 GB) come from the
+# per-machine wheelhouse the images install from too, so a machine downloads them once; everything is
+# pinned as in the images (hack/images/constraints.txt). The development tools come from PyPI.
+$(INSTALL_STAMP): $(PYPROJECTS) hack/images/constraints.txt hack/images/wheelhouse.sh
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(PIP_CACHE_FLAG) -e ./api -e ./operator -e ./trainer-image \
-		-e './sim[plot]' -e './devtools[testing]' -e '.[dev]'
+	wheelhouse=$$(PYTHON=$(PYTHON) bash hack/images/wheelhouse.sh) && \
+	$(PY) -m pip install --quiet $(PIP_CACHE_FLAG) --no-index --find-links "$$wheelhouse" \
+		--constraint hack/images/constraints.txt -e ./api -e ./operator -e './trainer-image[hf]' && \
+	$(PY) -m pip install --quiet $(PIP_CACHE_FLAG) --find-links "$$wheelhouse" \
+		--constraint hack/images/constraints.txt -e './sim[plot]' -e './devtools[testing]' -e '.[dev]'
 	@touch $@
 
 install: $(INSTALL_STAMP) ## Virtualenv in .venv with an editable install and all extras.
