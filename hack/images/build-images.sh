@@ -7,7 +7,9 @@
 #                     (runs on GPUs and CPUs), `<version>-cpu` the CPU-only variant (kind nodes)
 # Each is tagged ebbflow/<name>:<version> and :dev (:dev-cpu), where <version> hashes the image's
 # inputs (its Dockerfile, the sources it copies, the pins, the base image), so an image whose tag
-# exists is not rebuilt: builds are cached per machine and redone when an input changes.
+# exists is not rebuilt: builds are cached per machine and redone when an input changes. The images'
+# third-party packages are a stage of their own (ebbflow/<name>-deps, kept as the builder's cache and
+# keyed by the project files and pins only), so a source change reinstalls Ebbflow's packages alone.
 #
 # Why this way: no registry means no python:3.11-slim, no BuildKit frontend (docker 20.10's daemon
 # with a docker 28 client and no buildx leaves only the classic builder, which has no cache mounts),
@@ -17,16 +19,15 @@
 # Usage: hack/images/build-images.sh [base|operator|trainer|all]...   (default: all)
 # Environment:
 #   TRAINER_VARIANTS  "cuda cpu" (default), "cuda" or "cpu"
-#   KEEP_BUILD_STAGES 1: keep the build stages' images as builder cache (trainer: about 6 GB) so a
-#                     change to examples/ alone rebuilds in seconds; default 0 removes them
 #   KEEP_OLD          1: keep images of superseded versions; default 0 removes them (disk)
+#   WHEELHOUSE_PORT   the port on 127.0.0.1 the wheelhouse is served on during builds (default 38617)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 TRAINER_VARIANTS=${TRAINER_VARIANTS:-cuda cpu}
-KEEP_BUILD_STAGES=${KEEP_BUILD_STAGES:-0}
 KEEP_OLD=${KEEP_OLD:-0}
+WHEELHOUSE_PORT=${WHEELHOUSE_PORT:-38617}
 targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] || targets=(all)
 for t in "${targets[@]}"; do
@@ -92,7 +93,15 @@ serve_wheelhouse() {
   [[ -n $WHEELS_URL ]] && return 0
   local wheelhouse port
   wheelhouse=$(bash hack/images/wheelhouse.sh) || die "filling the wheelhouse failed"
-  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  # One port every time: the URL is a build argument of the cached dependency stages, and another
+  # value would miss their cache. A port in use costs that cache once (a free one is taken instead).
+  port=$WHEELHOUSE_PORT
+  # SO_REUSEADDR as http.server sets it: the last build's connections in TIME_WAIT do not count.
+  if ! python3 -c "import socket as s; k = s.socket(); k.setsockopt(s.SOL_SOCKET, s.SO_REUSEADDR, 1)
+k.bind(('127.0.0.1', $port))" 2>/dev/null; then
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    log "port $WHEELHOUSE_PORT is in use: serving the wheelhouse on $port (the dependency stages rebuild)"
+  fi
   python3 -m http.server "$port" --bind 127.0.0.1 --directory "$wheelhouse" >/dev/null 2>&1 &
   SERVER_PID=$!
   for _ in $(seq 1 50); do
@@ -145,19 +154,35 @@ fi
 docker tag "$BASE" ebbflow/python:dev
 base_id=$(docker image inspect -f '{{.Id}}' "$BASE")
 
+# build_deps NAME DOCKERFILE INPUTS...: the image's `deps` stage (its third-party packages, from the
+# project files alone), tagged ebbflow/NAME-deps:<hash of INPUTS> and kept as the builder's cache, so
+# that a change to the sources rebuilds only the layer of Ebbflow's own packages; superseded ones go.
+build_deps() {
+  local name=$1 dockerfile=$2 deps_version
+  shift 2
+  deps_version=$(hash_inputs "$dockerfile" .dockerignore hack/images/constraints.txt \
+    hack/images/venv_layers.py "$@" -- "$base_id")
+  if docker image inspect "ebbflow/$name-deps:$deps_version" >/dev/null 2>&1; then
+    log "ebbflow/$name-deps:$deps_version exists ($(image_size "ebbflow/$name-deps:$deps_version"))"
+  else
+    build "$name-deps" "$deps_version" "$dockerfile" deps "ebbflow/$name-deps:$deps_version" \
+      --build-arg "BASE=$BASE" --build-arg "WHEELS=$WHEELS_URL" .
+  fi
+  remove_superseded "$name-deps" "$deps_version"
+}
+
 # --- operator --------------------------------------------------------------------------------------
 if wanted operator; then
-  version=$(hash_inputs operator/Dockerfile .dockerignore hack/images/constraints.txt api operator \
-    -- "$base_id")
+  version=$(hash_inputs operator/Dockerfile .dockerignore hack/images/constraints.txt \
+    hack/images/venv_layers.py api operator -- "$base_id")
   tag=ebbflow/operator:$version
   if docker image inspect "$tag" >/dev/null 2>&1; then
     log "$tag exists ($(image_size "$tag"))"
   else
     serve_wheelhouse
-    args=(--build-arg "BASE=$BASE" --build-arg "WHEELS=$WHEELS_URL" .)
-    build operator "$version" operator/Dockerfile build "ebbflow/operator-build:$version" "${args[@]}"
-    build operator "$version" operator/Dockerfile "" "$tag" "${args[@]}"
-    [[ $KEEP_BUILD_STAGES == 1 ]] || docker rmi "ebbflow/operator-build:$version" >/dev/null
+    build_deps operator operator/Dockerfile api/pyproject.toml operator/pyproject.toml
+    build operator "$version" operator/Dockerfile "" "$tag" --build-arg "BASE=$BASE" \
+      --build-arg "WHEELS=$WHEELS_URL" .
   fi
   docker tag "$tag" ebbflow/operator:dev
   remove_superseded operator "$version"
@@ -165,8 +190,8 @@ fi
 
 # --- trainer ---------------------------------------------------------------------------------------
 if wanted trainer; then
-  version=$(hash_inputs trainer-image/Dockerfile .dockerignore hack/images/constraints.txt api \
-    trainer-image examples -- "$base_id")
+  version=$(hash_inputs trainer-image/Dockerfile .dockerignore hack/images/constraints.txt \
+    hack/images/venv_layers.py api trainer-image examples -- "$base_id")
   need=()
   for variant in $TRAINER_VARIANTS; do
     case $variant in
@@ -182,17 +207,13 @@ if wanted trainer; then
   done
   if [[ ${#need[@]} -gt 0 ]]; then
     serve_wheelhouse
+    build_deps trainer trainer-image/Dockerfile api/pyproject.toml trainer-image/pyproject.toml \
+      trainer-image/cpu
     args=(--build-arg "BASE=$BASE" --build-arg "WHEELS=$WHEELS_URL" .)
-    # The build stage first, tagged, so it can be removed afterwards (about 6 GB); the variants reuse it.
-    build trainer "$version" trainer-image/Dockerfile build "ebbflow/trainer-build:$version" "${args[@]}"
     for variant in "${need[@]}"; do
-      if [[ $variant == cpu ]]; then
-        build trainer "$version" trainer-image/Dockerfile cpu "ebbflow/trainer:$version-cpu" "${args[@]}"
-      else
-        build trainer "$version" trainer-image/Dockerfile "" "ebbflow/trainer:$version" "${args[@]}"
-      fi
+      if [[ $variant == cpu ]]; then tag=ebbflow/trainer:$version-cpu; else tag=ebbflow/trainer:$version; fi
+      build trainer "$version" trainer-image/Dockerfile "" "$tag" --build-arg "TORCH_VARIANT=$variant" "${args[@]}"
     done
-    [[ $KEEP_BUILD_STAGES == 1 ]] || docker rmi "ebbflow/trainer-build:$version" >/dev/null
   fi
   for variant in $TRAINER_VARIANTS; do
     if [[ $variant == cpu ]]; then
@@ -206,7 +227,10 @@ fi
 
 # Last: an older base cannot be removed while images built on it exist.
 remove_superseded python "$base_version"
+# The builds' intermediate images nothing tagged refers to any more (superseded dependency stages:
+# gigabytes each); the current ones stay, held by the ebbflow/*-deps tags and the images.
+[[ $KEEP_OLD == 1 ]] || docker image prune --force --filter label=dev.ebbflow.image >/dev/null
 
 log "images:"
 docker images --filter 'label=dev.ebbflow.image' --format '  {{.Repository}}:{{.Tag}}\t{{.Size}}' |
-  grep -v -e '-build:' -e '<none>' | sort >&2
+  grep -v -e '<none>' | sort >&2
