@@ -64,8 +64,11 @@ def stranger_pod(name: str) -> dict[str, object]:
                     "image": TRAINER_IMAGE,
                     "imagePullPolicy": "IfNotPresent",
                     "command": ["sleep", "900"],
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
                 }
             ],
+            # The namespace enforces the `restricted` Pod Security Standard.
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
             "terminationGracePeriodSeconds": 0,
         },
     }

@@ -29,6 +29,8 @@ def _printer_columns() -> list[Schema]:
         ("Desired", "integer", ".status.desiredReplicas", 0),
         ("Ready", "integer", ".status.readyReplicas", 0),
         ("Phase", "string", ".status.phase", 0),
+        ("Step", "integer", ".status.progress.step", 0),
+        ("Loss", "number", ".status.progress.loss", 0),
         ("Rate", "number", ".status.progress.compressionRate", 1),
         ("Age", "date", ".metadata.creationTimestamp", 0),
     ]

@@ -39,6 +39,7 @@ OPERATOR_DEPLOYMENT = RELEASE  # the chart's fullname for a release named like t
 # Where the demo and the e2e tier run jobs: the chart gives their workers the trainers'
 # ServiceAccount (progress annotation) there. One installation serves both.
 DEMO_NAMESPACE, E2E_NAMESPACE = "ebbflow-demo", "ebbflow-e2e"
+RESTRICTED_POD_SECURITY = {"pod-security.kubernetes.io/enforce": "restricted"}
 # Every read through kubectl starts a process (about 0.1 s of CPU, measured, and a TLS handshake with
 # the API server): at wait_for's default of ten polls a second, a wait kept up to a core busy beside the
 # cluster it waited on. What the e2e tier and the demo wait for takes seconds to minutes.
@@ -108,7 +109,10 @@ class Kind:
         return list(answer["data"]["result"])
 
     def ensure_namespace(self, name: str) -> None:
-        manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        """A namespace for jobs, enforcing the `restricted` Pod Security Standard as platform teams'
+        namespaces do: every pod in it (the operator's and the examples') must pass."""
+        metadata = {"name": name, "labels": RESTRICTED_POD_SECURITY}
+        manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
         self.kubectl("apply", "-f", "-", input=json.dumps(manifest))
 
     def gpus_advertised(self, nodes: tuple[str, ...] = WORKERS, per_node: int = GPUS_PER_WORKER_NODE) -> bool:

@@ -302,3 +302,27 @@ def test_kubectl_scale_moves_max_and_validation_still_applies(
     assert job["spec"]["replicas"] == {"min": 2, "max": 12}
     too_far = scale(20)
     assert too_far.returncode != 0 and "spec.virtualNodes must be >= spec.replicas.max" in too_far.stderr
+
+
+def test_kubectl_get_shows_workers_phase_step_and_loss(
+    control_plane: ControlPlane, namespace: str, kube: Kube
+) -> None:
+    """README's `kubectl get etj -w`: the columns it promises, filled from the status the operator
+    writes (the printer columns are the API server's, from the CRD)."""
+    kube.custom.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, EXAMPLE)
+    status = {"phase": "Running", "desiredReplicas": 3, "readyReplicas": 2}
+    status["progress"] = {"step": 120, "loss": 0.25}
+    kube.custom.patch_namespaced_custom_object_status(
+        API_GROUP, API_VERSION, namespace, PLURAL, "resnet-elastic", {"status": status}
+    )
+    get = ["get", "etj", "resnet-elastic"]
+    result = subprocess.run(
+        [str(KUBECTL), "--kubeconfig", str(control_plane.kubeconfig), "-n", namespace, *get],
+        capture_output=True,
+        text=True,
+        timeout=KUBECTL_TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr
+    header, row = (line.split() for line in result.stdout.splitlines())
+    assert header == ["NAME", "MIN", "MAX", "DESIRED", "READY", "PHASE", "STEP", "LOSS", "AGE"]
+    assert row[:-1] == ["resnet-elastic", "2", "8", "3", "2", "Running", "120", "0.25"]

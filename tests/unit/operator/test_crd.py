@@ -34,6 +34,8 @@ def test_names_and_subresources_come_from_the_contract() -> None:
         ("Desired", 0),
         ("Ready", 0),
         ("Phase", 0),
+        ("Step", 0),  # README: `kubectl get etj -w` shows the phase, workers, step and loss
+        ("Loss", 0),
         *wide_only,
         ("Age", 0),
     ]
