@@ -4,12 +4,21 @@ namespace, where the chart gave workers the trainers' ServiceAccount (progress a
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import yaml
 from ebbflow_devtools import trainer_logs
 from ebbflow_devtools.builders import JobBuilder
-from ebbflow_devtools.kind import E2E_NAMESPACE, TRAINER_IMAGE, Kind, KindError, poll
+from ebbflow_devtools.kind import (
+    E2E_NAMESPACE,
+    RESTRICTED_CONTAINER_CONTEXT,
+    RESTRICTED_POD_CONTEXT,
+    TRAINER_IMAGE,
+    Kind,
+    KindError,
+    poll,
+)
 
 JOB_DEADLINE_S = 420
 # Device time simulated per virtual node, so that a run lasts long enough to disturb (the CPU computes
@@ -42,7 +51,10 @@ def digits_job(
     container["command"] = ["ebbflow-train", "run", SCRIPT, "--steps", str(steps), "--progress-interval", "1"]
     container["command"] += ["--simulated-vnode-seconds", str(vnode_seconds)]
     container["volumeMounts"] = [{"name": "checkpoints", "mountPath": "/checkpoints"}]
-    job["spec"]["template"]["spec"]["volumes"] = [{"name": "checkpoints", "emptyDir": {}}]
+    container["securityContext"] = copy.deepcopy(RESTRICTED_CONTAINER_CONTEXT)
+    pod = job["spec"]["template"]["spec"]
+    pod["volumes"] = [{"name": "checkpoints", "emptyDir": {}}]
+    pod["securityContext"] = copy.deepcopy(RESTRICTED_POD_CONTEXT)  # the namespace enforces `restricted`
     return job
 
 

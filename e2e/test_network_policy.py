@@ -13,7 +13,15 @@ from __future__ import annotations
 
 import yaml
 from ebbflow_api import contract
-from ebbflow_devtools.kind import E2E_NAMESPACE, TRAINER_IMAGE, Kind, KindError, poll
+from ebbflow_devtools.kind import (
+    E2E_NAMESPACE,
+    RESTRICTED_CONTAINER_CONTEXT,
+    RESTRICTED_POD_CONTEXT,
+    TRAINER_IMAGE,
+    Kind,
+    KindError,
+    poll,
+)
 from ebbflow_operator.decision.manifests import network_policy_name, rendezvous_host
 
 from . import jobs
@@ -64,11 +72,11 @@ def stranger_pod(name: str) -> dict[str, object]:
                     "image": TRAINER_IMAGE,
                     "imagePullPolicy": "IfNotPresent",
                     "command": ["sleep", "900"],
-                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                    "securityContext": RESTRICTED_CONTAINER_CONTEXT,
                 }
             ],
             # The namespace enforces the `restricted` Pod Security Standard.
-            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "securityContext": RESTRICTED_POD_CONTEXT,
             "terminationGracePeriodSeconds": 0,
         },
     }

@@ -9,18 +9,23 @@ from typing import Any
 
 import pytest
 import yaml
-from ebbflow_devtools.kind import DEMO_NAMESPACE, E2E_NAMESPACE, TRAINER_IMAGE, Kind, KindError
-
-RESTRICTED = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
-CONTAINER_RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+from ebbflow_devtools.kind import (
+    DEMO_NAMESPACE,
+    E2E_NAMESPACE,
+    RESTRICTED_CONTAINER_CONTEXT,
+    RESTRICTED_POD_CONTEXT,
+    TRAINER_IMAGE,
+    Kind,
+    KindError,
+)
 
 
 def trainer_pod(restricted: bool) -> dict[str, Any]:
     container: dict[str, Any] = {"name": "trainer", "image": TRAINER_IMAGE, "command": ["sleep", "1"]}
     spec: dict[str, Any] = {"containers": [container]}
     if restricted:
-        container["securityContext"] = CONTAINER_RESTRICTED
-        spec["securityContext"] = RESTRICTED
+        container["securityContext"] = RESTRICTED_CONTAINER_CONTEXT
+        spec["securityContext"] = RESTRICTED_POD_CONTEXT
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pss-probe"}, "spec": spec}
 
 

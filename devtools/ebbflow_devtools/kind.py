@@ -40,6 +40,9 @@ OPERATOR_DEPLOYMENT = RELEASE  # the chart's fullname for a release named like t
 # ServiceAccount (progress annotation) there. One installation serves both.
 DEMO_NAMESPACE, E2E_NAMESPACE = "ebbflow-demo", "ebbflow-e2e"
 RESTRICTED_POD_SECURITY = {"pod-security.kubernetes.io/enforce": "restricted"}
+# What a pod needs to be admitted there (the trainer image runs as its user 65532).
+RESTRICTED_POD_CONTEXT = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 # Every read through kubectl starts a process (about 0.1 s of CPU, measured, and a TLS handshake with
 # the API server): at wait_for's default of ten polls a second, a wait kept up to a core busy beside the
 # cluster it waited on. What the e2e tier and the demo wait for takes seconds to minutes.
