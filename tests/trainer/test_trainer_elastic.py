@@ -50,13 +50,21 @@ def test_fast_mode_matches_within_float_tolerance(
     _assert_close(final, calm_reference)
 
 
-def _assert_close(final: dict[str, Any], reference_state: dict[str, Any]) -> None:
-    """Fast mode: equal to the deterministic reference within float rounding."""
+def _relative(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((ours - reference).norm() / reference.norm().clamp_min(1e-12))
+
+
+def _assert_close(final: dict[str, Any], reference_state: dict[str, Any], history: str = "") -> None:
+    """Fast mode: equal to the deterministic reference within float rounding (runs measure 4-5e-7
+    whatever the worlds were). A failure names the tensors that differ most (weights, or BatchNorm
+    statistics that only a partial step moves) and the run's ``history``."""
     ours, reference = parameters_of(final), parameters_of(reference_state)
     flat_ours = torch.cat([ours[name].flatten() for name in sorted(ours)])
     flat_reference = torch.cat([reference[name].flatten() for name in sorted(reference)])
-    relative = float((flat_ours - flat_reference).norm() / flat_reference.norm())
-    assert relative <= 1e-6, f"relative difference {relative:.3e}"
+    relative = _relative(flat_ours, flat_reference)
+    worst = sorted(((_relative(ours[n], reference[n]), n) for n in ours), reverse=True)[:3]
+    details = ", ".join(f"{name} {value:.1e}" for value, name in worst)
+    assert relative <= 1e-6, f"relative difference {relative:.3e} (most: {details}) {history}"
 
 
 @pytest.mark.parametrize(
@@ -100,10 +108,12 @@ def test_sigkill_of_any_worker_resumes_from_memory_at_world_size_two(
         assert {g["step"] for g in resumed} == {completed_before}
         assert max(_steps_in(survivors, first_after)) == 200
         final = job.final_checkpoint()
+        worlds = [g for n in nodes for g in _generations(n)]
+        history = sorted((g["generation"], g["world"], g["step"], g["source"]) for g in worlds)
     if mode == "deterministic":
         assert_bitwise_equal(final, calm_reference)
     else:
-        _assert_close(final, calm_reference)
+        _assert_close(final, calm_reference, f"generations (number, world, step, source): {history}")
 
 
 def test_a_worker_joins_at_a_step_boundary_and_one_leaves_by_sigterm_without_losing_a_step(

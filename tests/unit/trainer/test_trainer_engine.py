@@ -12,7 +12,7 @@ from ebbflow_devtools.testing.trainer_config import trainer_config
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.config import ROW_TABLE_LIMIT
 from ebbflow_trainer.launch import state
-from ebbflow_trainer.step.engine import VirtualNodeEngine
+from ebbflow_trainer.step.engine import ReductionFailed, VirtualNodeEngine
 from torch.utils.data import TensorDataset
 
 V, B = 4, 16
@@ -23,10 +23,14 @@ def _loss(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _engine(
-    mode: str, lr_scaling: str = "none", base_batch_size: int | None = None, virtual_nodes: int = V
+    mode: str,
+    lr_scaling: str = "none",
+    base_batch_size: int | None = None,
+    virtual_nodes: int = V,
+    bucket_mb: float = 25.0,
 ) -> VirtualNodeEngine:
     """``mode`` "fast", "deterministic" (a model this small all-reduces one row per virtual node) or
-    "exact" (deterministic mode made to use exact sums)."""
+    "exact" (deterministic mode made to use exact sums); ``bucket_mb`` sizes fast mode's buckets."""
     torch.manual_seed(0)
     data = torch.Generator().manual_seed(1)
     features, labels = torch.randn(96, 6, generator=data), torch.randint(0, 3, (96,), generator=data)
@@ -47,6 +51,7 @@ def _engine(
         row_table_limit=0 if mode == "exact" else ROW_TABLE_LIMIT,
         lr_scaling=lr_scaling,
         base_batch_size=base_batch_size,
+        bucket_mb=bucket_mb,
     )
     engine = VirtualNodeEngine(spec, config)
     assert engine.method == {"fast": "sum", "deterministic": "table", "exact": "exact"}[mode]
@@ -290,3 +295,60 @@ def test_the_streak_travels_with_the_handed_over_state() -> None:
     resumed = _engine("deterministic")
     state.restore(resumed, state.from_bytes(state.to_bytes(state.capture(engine, 5, 0.0))))
     assert resumed.nonfinite_streak == 2
+
+
+# Buckets of about 26 float32 values: the small model's gradients go in two, the first launched from
+# inside the last virtual node's backward pass, the second (with the extras) after it.
+SMALL_BUCKET_MB = 104 / 2**20
+
+
+class _Completed:
+    def wait(self) -> None:
+        return None
+
+
+class _PeerDied:
+    """Collectives of a world whose peer died: the ``fail_at``-th all-reduce launched raises, as
+    ``DistCollectives`` does when gloo finds the connection closed (earlier ones complete)."""
+
+    def __init__(self, fail_at: int):
+        self.fail_at, self.launched = fail_at, 0
+
+    def all_reduce(self, tensor: torch.Tensor) -> _Completed:
+        self.launched += 1
+        if self.launched == self.fail_at:
+            raise ReductionFailed("Connection closed by peer")
+        return _Completed()
+
+    def all_reduce_max(self, tensor: torch.Tensor) -> None:
+        raise ReductionFailed("Connection closed by peer")
+
+
+@pytest.mark.parametrize(
+    ("mode", "fail_at"),
+    [
+        pytest.param("fast", 1, id="fast-first-bucket-inside-backward"),
+        pytest.param("fast", 2, id="fast-last-bucket-after-backward"),
+        pytest.param("deterministic", 1, id="deterministic"),
+    ],
+)
+def test_a_failed_reduction_leaves_the_state_of_the_step_before(mode: str, fail_at: int) -> None:
+    """What a worker hands over after a failed step is exactly the state before it: the BatchNorm
+    statistics the step's forward passes moved are put back, whichever collective failed."""
+    engine = _engine(mode, bucket_mb=SMALL_BUCKET_MB)
+    assert mode != "fast" or len(engine.buckets.plan.buckets) == 2  # type: ignore[union-attr]
+    for step in range(2):
+        step_world([engine], step)
+    before = _snapshot(engine)
+    comm = _PeerDied(fail_at)
+    with pytest.raises(ReductionFailed):
+        engine.reduce_step(2, list(range(V)), rank=0, world_size=2, leave=lambda: False, comm=comm)
+    assert comm.launched == fail_at
+    assert all(torch.equal(a, b) for a, b in zip(_snapshot(engine), before, strict=True))
+    assert all(p.grad is None for p in engine.spec.model.parameters())
+    # The engine is usable again: the step, redone in a world of one, matches a run never interrupted.
+    step_world([engine], 2)
+    straight = _engine(mode, bucket_mb=SMALL_BUCKET_MB)
+    for step in range(3):
+        step_world([straight], step)
+    assert all(torch.equal(a, b) for a, b in zip(_bits(engine), _bits(straight), strict=True))

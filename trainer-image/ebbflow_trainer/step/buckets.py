@@ -8,7 +8,8 @@ the extras (buffers, loss, norms, compute times, the leave flag) once the backwa
 Invariants: buckets go strictly in order, so every worker issues the same collectives in the same
 order; the reduced message divided by V is the mean over virtual nodes, whatever their number per
 worker. State machine of one step: idle -(begin)-> accumulating -(overlap)-> overlapping
--(finish)-> reducing -(wait)-> idle; outside begin..finish a backward pass leaves ``.grad`` as usual.
+-(finish)-> reducing -(wait)-> idle, and from any of them -(abandon)-> idle when a collective failed
+(the world re-forms and redoes the step); outside begin..finish a backward pass leaves ``.grad`` as usual.
 More: docs/design/step.md.
 """
 
@@ -146,6 +147,12 @@ class GradientBuckets:
         assert message is not None, "begin() starts a step"
         self._message, self._launch, self._in_flight = None, None, []
         return message
+
+    def abandon(self) -> None:
+        """A collective of this step failed: forget the step (its message and the buckets in flight,
+        which the broken process group will never complete)."""
+        self._message, self._launch, self._in_flight = None, None, []
+        self._overlapping = False
 
     def _on_gradient(self, index: int, param: torch.Tensor) -> None:
         message = self._message

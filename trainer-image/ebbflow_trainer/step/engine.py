@@ -15,9 +15,10 @@ How each mode works and what the message carries: docs/design/step.md.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -256,21 +257,30 @@ class VirtualNodeEngine:
         p, q = self.num_params, self.num_float_buffer_values
         started = time.perf_counter()
         buckets.begin(message, comm.all_reduce)
-        for _, loss in self._virtual_nodes(step, virtual_nodes):
-            offset = p
-            for buffer in self.float_buffers:
-                message[offset : offset + buffer.numel()] += buffer.detach().reshape(-1).to(self.dtype)
-                offset += buffer.numel()
-            message[p + q] += loss.detach().to(self.dtype)
-        if self.tracks_noise:
-            inverse = self.update.scaler.inverse if self.update.scaler is not None else 1.0
-            message[p + q + 1] = buckets.squared_norm * (inverse * inverse)
-        seconds = time.perf_counter() - started
-        message[self.row_size + rank] = seconds
-        message[self.row_size + world_size] = 1.0 if leave() else 0.0
-        self._write_requests(message[self.row_size + world_size + 1 :], requests)
-        buckets.finish()
-        return buckets.wait(), seconds
+        try:
+            with contextlib.closing(self._virtual_nodes(step, virtual_nodes)) as computed:
+                for _, loss in computed:
+                    self._add_buffers_and_loss(message, loss)
+            if self.tracks_noise:
+                inverse = self.update.scaler.inverse if self.update.scaler is not None else 1.0
+                message[p + q + 1] = buckets.squared_norm * (inverse * inverse)
+            seconds = time.perf_counter() - started
+            message[self.row_size + rank] = seconds
+            message[self.row_size + world_size] = 1.0 if leave() else 0.0
+            self._write_requests(message[self.row_size + world_size + 1 :], requests)
+            buckets.finish()
+            return buckets.wait(), seconds
+        except ReductionFailed:
+            buckets.abandon()
+            raise
+
+    def _add_buffers_and_loss(self, message: torch.Tensor, loss: torch.Tensor) -> None:
+        """Fast mode: add one virtual node's float buffers and loss to the step's message extras."""
+        offset = self.num_params
+        for buffer in self.float_buffers:
+            message[offset : offset + buffer.numel()] += buffer.detach().reshape(-1).to(self.dtype)
+            offset += buffer.numel()
+        message[offset] += loss.detach().to(self.dtype)
 
     def compute_rows(self, step: int, virtual_nodes: list[int]) -> tuple[dict[int, torch.Tensor], float]:
         """Deterministic mode: rows for this worker's virtual nodes at ``step``, and the (possibly
@@ -292,7 +302,7 @@ class VirtualNodeEngine:
             rows[k] = torch.cat(parts)
         return rows, time.perf_counter() - started
 
-    def _virtual_nodes(self, step: int, virtual_nodes: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
+    def _virtual_nodes(self, step: int, virtual_nodes: list[int]) -> Generator[tuple[int, torch.Tensor]]:
         """Forward and backward of each virtual node from the step's buffers, yielding (k, its loss)
         while its gradient and updated buffers are in place. Fast mode's buckets overlap the last
         backward pass. Afterwards the buffers are back at the step's values and the advanced integer
@@ -301,28 +311,32 @@ class VirtualNodeEngine:
         model.train()
         start_buffers = [b.detach().clone() for b in self.buffers]
         self.loader.prepare(step, virtual_nodes, self.position)
-        for position, k in enumerate(virtual_nodes):
-            started = time.perf_counter()
+        try:
+            for position, k in enumerate(virtual_nodes):
+                started = time.perf_counter()
+                with torch.no_grad():
+                    for buffer, saved in zip(self.buffers, start_buffers, strict=True):
+                        buffer.copy_(saved)
+                batch = to_device(self.loader.batch(step, k), self.device)
+                # Randomness inside the model (dropout) depends on (seed, step, k) only.
+                seed_generators(derived_seed(config.seed, step, k, 1), self.device)
+                model.zero_grad(set_to_none=True)
+                with self.update.autocast(self.device_type):
+                    loss = self.spec.loss_fn(model, batch)
+                if self.buckets is not None and position == len(virtual_nodes) - 1:
+                    self.buckets.overlap()
+                self.update.scale_loss(loss).backward()  # type: ignore[no-untyped-call]
+                yield k, loss
+                self._simulate_device(time.perf_counter() - started)
+            # Integer buffers advanced the same way on every virtual node; keep that value for apply().
+            self._advanced_buffers = [b.detach().clone() for b in self.buffers]
+        finally:
+            # Also when a collective fails mid-step (a fast-mode bucket launched from inside backward):
+            # the state a worker then hands over is the step's, not one its forward passes moved.
+            model.zero_grad(set_to_none=True)
             with torch.no_grad():
                 for buffer, saved in zip(self.buffers, start_buffers, strict=True):
                     buffer.copy_(saved)
-            batch = to_device(self.loader.batch(step, k), self.device)
-            # Randomness inside the model (dropout) depends on (seed, step, k) only.
-            seed_generators(derived_seed(config.seed, step, k, 1), self.device)
-            model.zero_grad(set_to_none=True)
-            with self.update.autocast(self.device_type):
-                loss = self.spec.loss_fn(model, batch)
-            if self.buckets is not None and position == len(virtual_nodes) - 1:
-                self.buckets.overlap()
-            self.update.scale_loss(loss).backward()  # type: ignore[no-untyped-call]
-            yield k, loss
-            self._simulate_device(time.perf_counter() - started)
-        model.zero_grad(set_to_none=True)
-        # Integer buffers advanced the same way on every virtual node; keep that value for apply().
-        self._advanced_buffers = [b.detach().clone() for b in self.buffers]
-        with torch.no_grad():
-            for buffer, saved in zip(self.buffers, start_buffers, strict=True):
-                buffer.copy_(saved)
 
     def _simulate_device(self, real_seconds: float) -> None:
         """Model a slower (or busier) accelerator: tests and benchmarks on CPU need stable speeds."""
