@@ -24,6 +24,7 @@ JOB_DEADLINE_S = 420
 # Device time simulated per virtual node, so that a run lasts long enough to disturb (the CPU computes
 # a digits step in milliseconds).
 SCRIPT = "/opt/ebbflow/examples/digits/train.py"
+CNN_SCRIPT = "/opt/ebbflow/examples/digits_cnn/train.py"  # band-limited convolutions (spec.bandLimit)
 
 
 def digits_job(
@@ -37,10 +38,14 @@ def digits_job(
     virtual_nodes: int = 4,
     node: str | None = None,
     priority: int | None = None,
+    script: str = SCRIPT,
+    samples_per_virtual_node: int = 64,
 ) -> dict[str, Any]:
-    """The digits example, B = 64 per virtual node, with progress reported every second."""
+    """The digits example (or another `script` in the image), B = 64 samples per virtual node unless
+    told otherwise, with progress reported every second."""
     builder = JobBuilder(name, E2E_NAMESPACE).replicas(lo, hi).gpus(gpus)
-    builder = builder.set(virtualNodes=virtual_nodes, globalBatchSize=64 * virtual_nodes)
+    batch = samples_per_virtual_node * virtual_nodes
+    builder = builder.set(virtualNodes=virtual_nodes, globalBatchSize=batch)
     if node is not None:
         builder = builder.node_selector({"kubernetes.io/hostname": node})
     if priority is not None:
@@ -48,7 +53,7 @@ def digits_job(
     job = builder.obj()
     container = job["spec"]["template"]["spec"]["containers"][0]
     container["image"], container["imagePullPolicy"] = TRAINER_IMAGE, "IfNotPresent"
-    container["command"] = ["ebbflow-train", "run", SCRIPT, "--steps", str(steps), "--progress-interval", "1"]
+    container["command"] = ["ebbflow-train", "run", script, "--steps", str(steps), "--progress-interval", "1"]
     container["command"] += ["--simulated-vnode-seconds", str(vnode_seconds)]
     container["volumeMounts"] = [{"name": "checkpoints", "mountPath": "/checkpoints"}]
     container["securityContext"] = copy.deepcopy(RESTRICTED_CONTAINER_CONTEXT)

@@ -1,10 +1,11 @@
 """The chart's release on the kind cluster: what `helm install` created is there and the operator is
 Ready, two replicas of which one holds the leader's Lease; `helm uninstall` removes every object of
 the release except the CRD (kept, with the jobs in it, as `helm.sh/resource-policy: keep` promises);
-installing again brings the operator back and it takes up the job left behind.
+installing again brings the operator back and it takes up the job left behind. `helm upgrade` with a
+changed value and `helm rollback` replace the operator's pods while a job keeps its own and trains on.
 
-The session's setup installed the release on a fresh cluster; this test reinstalls it however it
-ends, so that the tests after it find the operator running."""
+The session's setup installed the release on a fresh cluster; these tests reinstall it however they
+end, so that the tests after them find the operator running as set up."""
 
 from __future__ import annotations
 
@@ -142,3 +143,67 @@ def test_helm_uninstall_removes_the_release_but_keeps_the_crd_and_the_jobs(
         120,
         f"the reinstalled operator observing generation {wanted} of the job left behind",
     )
+
+
+def _job_pods(kind: Kind, name: str) -> dict[str, str]:
+    """Name -> UID of the job's pods (workers and rendezvous store)."""
+    selector = f"{contract.LABEL_JOB_NAME}={name}"
+    found = kind.json("--namespace", jobs.E2E_NAMESPACE, "get", "pods", "-l", selector)["items"]
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in found}
+
+
+def _operator_args(kind: Kind) -> list[list[str]]:
+    selector = f"app.kubernetes.io/component=operator,app.kubernetes.io/instance={RELEASE}"
+    found = kind.json("--namespace", RELEASE_NAMESPACE, "get", "pods", "-l", selector)["items"]
+    return [p["spec"]["containers"][0]["args"] for p in found if not p["metadata"].get("deletionTimestamp")]
+
+
+def _rolled(kind: Kind, before: list[str], resync: int) -> list[str]:
+    """Two new operator pods, every one with the release's new flag, one of them leading."""
+
+    def replaced() -> list[str] | None:
+        pods = operator_pods(kind)
+        return pods if len(pods) == 2 and not set(pods) & set(before) else None
+
+    pods = poll(replaced, REMOVAL_DEADLINE_S, "two new operator pods")
+    flag = f"--resync-interval={resync}"
+    assert all(flag in args for args in _operator_args(kind)), _operator_args(kind)
+    poll(lambda: any(lease_holder(kind).startswith(f"{p}-") for p in pods), 120, "a new operator pod leading")
+    return pods
+
+
+def _trains_on(kind: Kind, name: str, steps: int) -> None:
+    """The job's status (written by the operator from the trainers' reports) advances `steps` steps."""
+
+    def step() -> int:
+        return int((jobs.status(kind, name).get("progress") or {}).get("step") or 0)
+
+    start = step()
+    poll(lambda: step() >= start + steps, jobs.JOB_DEADLINE_S, f"{name} {steps} steps further")
+
+
+def test_helm_upgrade_and_rollback_roll_the_operator_while_the_job_keeps_its_pods_and_trains(
+    kind: Kind, namespace: str, operator: str, reinstalled: None
+) -> None:
+    jobs.apply(kind, jobs.digits_job("steady", 1, 1, steps=100_000, vnode_seconds=0.05))
+    jobs.wait_phase(kind, "steady", "Running")
+    _trains_on(kind, "steady", 5)
+    pods = _job_pods(kind, "steady")
+    assert len(pods) == 2, f"a worker and the rendezvous store: {pods}"
+    first = operator_pods(kind)
+    history = json.loads(run("helm", "history", RELEASE, "-n", RELEASE_NAMESPACE, "-o", "json", timeout=60))
+    revision = max(entry["revision"] for entry in history)
+
+    # A changed value: the Deployment's pod template changes, so its pods are replaced.
+    resync = int(dict(v.split("=", 1) for v in CHART_VALUES)["operator.resyncInterval"])
+    install_chart(kind, (*CHART_VALUES, f"operator.resyncInterval={resync + 2}"))
+    upgraded = _rolled(kind, first, resync + 2)
+    _trains_on(kind, "steady", 20)
+    assert _job_pods(kind, "steady") == pods, "helm upgrade replaced a pod of the job"
+
+    rollback = ("helm", "rollback", RELEASE, str(revision), "-n", RELEASE_NAMESPACE, "--wait")
+    run(*rollback, timeout=REMOVAL_DEADLINE_S)
+    _rolled(kind, upgraded, resync)
+    _trains_on(kind, "steady", 20)
+    assert _job_pods(kind, "steady") == pods, "helm rollback replaced a pod of the job"
+    assert jobs.status(kind, "steady")["phase"] == "Running"

@@ -152,3 +152,11 @@ RESUMED_PATTERN: Final = r"generation (\d+): training resumed after a ([\d.]+) s
 # Rank 0, at the end: the step and a digest of the model.
 FINISHED_LOG: Final = "finished at step %s; model sha256 %s"
 FINISHED_PATTERN: Final = r"finished at step (\d+); model sha256 ([0-9a-f]{64})"
+# Every worker, when the world switches together: the global batch (maxGlobalBatchSize, the policy's
+# choice) and the compression rate (bandLimit, the memory budget's), from the step named on.
+BATCH_LOG: Final = "from step %s the global batch size is %s (was %s): %s samples per virtual node"
+BATCH_PATTERN: Final = (
+    r"from step (\d+) the global batch size is (\d+) \(was (\d+)\): (\d+) samples per virtual node"
+)
+RATE_LOG: Final = "from step %s the compression rate is %s (was %s)"
+RATE_PATTERN: Final = r"from step (\d+) the compression rate is ([\d.]+) \(was ([\d.]+)\)"

@@ -2,7 +2,8 @@
 
 Every worker of a new world logs where it resumed (`contract.RESUMES_LOG`); rank 0 adds the steps
 the world lost and, after its first step, the pause since the previous world's last step
-(`RESUMED_LOG`), and at the end a digest of the model (`FINISHED_LOG`). The demo and the e2e tier use
+(`RESUMED_LOG`), and at the end a digest of the model (`FINISHED_LOG`); every worker says when it
+switches global batch or compression rate (`BATCH_LOG`, `RATE_LOG`). The demo and the e2e tier use
 these lines to report rescales as the trainers saw them, not as pod phases suggest. Pure: text in,
 records out, with the patterns declared beside the formats in `ebbflow_api.contract`.
 """
@@ -18,6 +19,8 @@ from ebbflow_api import contract
 _RESUMES = re.compile(contract.RESUMES_PATTERN)
 _RESUMED = re.compile(contract.RESUMED_PATTERN)
 _FINISHED = re.compile(contract.FINISHED_PATTERN)
+_BATCH = re.compile(contract.BATCH_PATTERN)
+_RATE = re.compile(contract.RATE_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -80,3 +83,32 @@ def finished(logs: Iterable[str]) -> tuple[int, str] | None:
         if found := _FINISHED.search(log):
             return int(found.group(1)), found.group(2)
     return None
+
+
+@dataclass(frozen=True)
+class BatchSwitch:
+    """One worker's switch of the global batch, from `step` on."""
+
+    step: int
+    batch: int
+    previous: int
+    samples_per_virtual_node: int
+
+
+@dataclass(frozen=True)
+class RateSwitch:
+    """One worker's switch of the compression rate, from `step` on."""
+
+    step: int
+    rate: float
+    previous: float
+
+
+def batch_switches(log: str) -> list[BatchSwitch]:
+    """Every BATCH_LOG line of one worker's log, in order."""
+    return [BatchSwitch(int(s), int(b), int(p), int(v)) for s, b, p, v in _BATCH.findall(log)]
+
+
+def rate_switches(log: str) -> list[RateSwitch]:
+    """Every RATE_LOG line of one worker's log, in order."""
+    return [RateSwitch(int(s), float(r), float(p)) for s, r, p in _RATE.findall(log)]

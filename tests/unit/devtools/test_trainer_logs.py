@@ -4,8 +4,18 @@ format strings, declared in `ebbflow_api.contract`) are what `ebbflow_devtools.t
 from __future__ import annotations
 
 import pytest
-from ebbflow_api.contract import FINISHED_LOG, RESUMED_LOG, RESUMES_LOG
-from ebbflow_devtools.trainer_logs import Resumption, World, finished, resumptions, worlds
+from ebbflow_api.contract import BATCH_LOG, FINISHED_LOG, RATE_LOG, RESUMED_LOG, RESUMES_LOG
+from ebbflow_devtools.trainer_logs import (
+    BatchSwitch,
+    RateSwitch,
+    Resumption,
+    World,
+    batch_switches,
+    finished,
+    rate_switches,
+    resumptions,
+    worlds,
+)
 
 
 def resumes(generation: int, rank: int, size: int, step: int, source: str, lost: int | None) -> str:
@@ -50,3 +60,17 @@ def test_the_final_digest_is_read_from_whichever_log_has_it() -> None:
     digest = "ab" * 32
     assert finished(["no end here", f"INFO {FINISHED_LOG % (900, digest)}"]) == (900, digest)
     assert finished(["still training"]) is None
+
+
+def test_batch_and_rate_switches_are_read_back_in_order() -> None:
+    log = "\n".join(
+        [
+            f"INFO {BATCH_LOG % (120, 512, 256, 32)}",
+            "a step",
+            f"INFO {RATE_LOG % (130, 0.5, 0.0)}",
+            f"INFO {BATCH_LOG % (300, 256, 512, 16)}",
+            f"INFO {RATE_LOG % (310, 0.25, 0.5)}",
+        ]
+    )
+    assert batch_switches(log) == [BatchSwitch(120, 512, 256, 32), BatchSwitch(300, 256, 512, 16)]
+    assert rate_switches(log) == [RateSwitch(130, 0.5, 0.0), RateSwitch(310, 0.25, 0.5)]

@@ -47,8 +47,6 @@ from ebbflow_trainer.termination import write_termination_message
 
 EXIT_REFORM = 75
 log = logging.getLogger("ebbflow_trainer.launch.worker")
-BATCH_LOG = "from step %s the global batch size is %s (was %s): %s samples per virtual node"
-RATE_LOG = "from step %s the compression rate is %s (was %s)"
 
 
 class LeaveNow(Exception):
@@ -365,13 +363,13 @@ class Worker:
         if rate is not None and rate != self.engine.compression_rate:
             previous = self.engine.compression_rate
             self.engine.switch_rate(rate)
-            log.info(RATE_LOG, self.step, rate, previous)
+            log.info(contract.RATE_LOG, self.step, rate, previous)
             self.journal.write("rate", step=self.step, rate=rate, previous=previous, rank=self.world.rank)
 
     def _switch_batch(self, batch: int) -> None:
         previous = self.engine.global_batch_size
         self.engine.switch_batch(self.step, batch)
-        log.info(BATCH_LOG, self.step, batch, previous, self.engine.samples_per_virtual_node)
+        log.info(contract.BATCH_LOG, self.step, batch, previous, self.engine.samples_per_virtual_node)
         self.journal.write("batch", step=self.step, batch=batch, previous=previous, rank=self.world.rank)
 
     def _record_step(
