@@ -5,6 +5,7 @@ namespace, where the chart gave workers the trainers' ServiceAccount (progress a
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import yaml
@@ -12,6 +13,7 @@ from ebbflow_devtools import trainer_logs
 from ebbflow_devtools.builders import JobBuilder
 from ebbflow_devtools.kind import (
     E2E_NAMESPACE,
+    REPO,
     RESTRICTED_CONTAINER_CONTEXT,
     RESTRICTED_POD_CONTEXT,
     TRAINER_IMAGE,
@@ -21,6 +23,8 @@ from ebbflow_devtools.kind import (
 )
 
 JOB_DEADLINE_S = 420
+# Each scenario's figures, for the issue notes and docs.
+FIGURES = REPO / ".cluster" / "e2e"
 # Device time simulated per virtual node, so that a run lasts long enough to disturb (the CPU computes
 # a digits step in milliseconds).
 SCRIPT = "/opt/ebbflow/examples/digits/train.py"
@@ -61,6 +65,11 @@ def digits_job(
     pod["volumes"] = [{"name": "checkpoints", "emptyDir": {}}]
     pod["securityContext"] = copy.deepcopy(RESTRICTED_POD_CONTEXT)  # the namespace enforces `restricted`
     return job
+
+
+def record_figures(scenario: str, figures: dict[str, Any]) -> None:
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    (FIGURES / f"{scenario}.json").write_text(json.dumps(figures, indent=2) + "\n")
 
 
 def apply(kind: Kind, job: dict[str, Any]) -> None:

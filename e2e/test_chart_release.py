@@ -10,6 +10,7 @@ end, so that the tests after them find the operator running as set up."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -207,3 +208,60 @@ def test_helm_upgrade_and_rollback_roll_the_operator_while_the_job_keeps_its_pod
     _trains_on(kind, "steady", 20)
     assert _job_pods(kind, "steady") == pods, "helm rollback replaced a pod of the job"
     assert jobs.status(kind, "steady")["phase"] == "Running"
+
+
+# What a standby's take-over may take beyond the Lease's duration: its retry period (2 s), kubectl's
+# polling and a loaded machine's scheduling.
+TAKE_OVER_MARGIN_S = 10
+
+
+def _operator_nodes(kind: Kind) -> dict[str, str]:
+    """Running operator pod -> its node."""
+    selector = f"app.kubernetes.io/component=operator,app.kubernetes.io/instance={RELEASE}"
+    found = kind.json("--namespace", RELEASE_NAMESPACE, "get", "pods", "-l", selector)["items"]
+    running = set(operator_pods(kind))
+    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in found if p["metadata"]["name"] in running}
+
+
+def test_the_standby_leads_within_the_lease_when_the_leaders_node_is_lost_and_the_job_trains_on(
+    kind: Kind, namespace: str, operator: str
+) -> None:
+    nodes = poll(lambda: n if len(n := _operator_nodes(kind)) == 2 else None, 120, "two operator pods")
+    holder = poll(lambda: lease_holder(kind), 120, "a leader elected")
+    (leader,) = [p for p in nodes if holder.startswith(f"{p}-")]
+    (standby,) = [p for p in nodes if p != leader]
+    lost = nodes[leader]
+    assert nodes[standby] != lost, f"the chart spreads its replicas over nodes: {nodes}"
+    lease = kind.json("--namespace", RELEASE_NAMESPACE, "get", "lease", LEASE_NAME)["spec"]
+    duration = int(lease["leaseDurationSeconds"])
+
+    job = jobs.digits_job("steady", 1, 1, steps=100_000, vnode_seconds=0.05)
+    away = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [lost]}
+    job["spec"]["template"]["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [away]}]
+            }
+        }
+    }
+    jobs.apply(kind, job)
+    jobs.wait_phase(kind, "steady", "Running")
+    _trains_on(kind, "steady", 5)
+
+    # The node stops at once, its processes frozen mid-flight: the leader neither renews nor releases
+    # the Lease, which the standby may take only once it has expired.
+    frozen_at = time.monotonic()
+    run("docker", "pause", lost, timeout=60)
+    try:
+        poll(lambda: lease_holder(kind).startswith(f"{standby}-"), duration + 60, "the standby leading")
+        took = time.monotonic() - frozen_at
+        figures = {"lease_seconds": duration, "took_over_seconds": round(took, 1)}
+        jobs.record_figures("operator-take-over", figures)
+        assert took <= duration + TAKE_OVER_MARGIN_S, f"took over after {took:.1f} s (Lease {duration} s)"
+        _trains_on(kind, "steady", 20)  # the new leader writes the job's status from the trainers' reports
+    finally:
+        run("docker", "unpause", lost, timeout=60)
+    # The old leader wakes past its renew deadline: it stays a standby, and the new leader keeps the Lease.
+    poll(lambda: operator_ready(kind), REMOVAL_DEADLINE_S, "both operator pods Ready again")
+    assert lease_holder(kind).startswith(f"{standby}-")
+    _trains_on(kind, "steady", 5)

@@ -15,22 +15,16 @@ import pytest
 from ebbflow_devtools import trainer_logs
 from ebbflow_devtools.demo import target_accuracy
 from ebbflow_devtools.demo_plan import node_to_take
-from ebbflow_devtools.kind import E2E_NAMESPACE, REPO, Kind, KindError, environment, poll
+from ebbflow_devtools.kind import E2E_NAMESPACE, Kind, KindError, environment, poll
 from ebbflow_operator.decision.manifests import rendezvous_name
 
 from . import jobs
 from .jobs import JOB_DEADLINE_S
 
-FIGURES = REPO / ".cluster" / "e2e"
 # Whole-node workers (4 GPUs: 2 devices x 2 replicas) on the three kind workers, 12 virtual nodes.
 WHOLE_NODE = {"gpus": 4, "virtual_nodes": 12}
 # Steps for a job that must still be training when its scenario ends (hours at 0.03 s a virtual node).
 LONGER_THAN_THE_SCENARIO = 100_000
-
-
-def _record(scenario: str, figures: dict[str, Any]) -> None:
-    FIGURES.mkdir(parents=True, exist_ok=True)
-    (FIGURES / f"{scenario}.json").write_text(json.dumps(figures, indent=2) + "\n")
 
 
 def _step(kind: Kind, name: str) -> int:
@@ -95,7 +89,7 @@ def test_a_preempted_node_shrinks_the_job_and_its_return_grows_it_bitwise_as_cal
     jobs.apply(kind, calm)
     _, (_, calm_digest) = _finish(kind, "calm")
     assert digest == calm_digest, "the disturbed run's model differs from the calm run's"
-    _record(
+    jobs.record_figures(
         "preemption",
         {
             "worlds": [vars(w) for w in trainer_logs.worlds(_pod_logs(kind, "spot"))],
@@ -147,7 +141,7 @@ def test_the_job_keeps_training_when_its_rendezvous_node_is_lost(
         assert steps == 400 and final["progress"]["eval"]["metrics"]["accuracy"] >= target_accuracy()
     finally:
         kind.bring_node_back(node)  # the next scenario needs every node
-    _record(
+    jobs.record_figures(
         "rendezvous_node_lost",
         {
             "worlds": [vars(w) for w in trainer_logs.worlds(_pod_logs(kind, "store"))],
@@ -208,7 +202,7 @@ def test_a_bad_manifest_is_refused_by_kubectl_apply(
 ) -> None:
     job = jobs.digits_job("bad", 1, 3, steps=10, vnode_seconds=0.0)
     job["spec"][field] = value
-    manifest = Path(FIGURES / f"bad-{field}.yaml")
+    manifest = Path(jobs.FIGURES / f"bad-{field}.yaml")
     manifest.parent.mkdir(parents=True, exist_ok=True)
     manifest.write_text(json.dumps(job))
     result = subprocess.run(
