@@ -70,6 +70,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--simulated-vnode-seconds", type=float, default=0.0, help="model device time (CPU tests)"
     )
+    run.add_argument(
+        "--simulated-sync-seconds",
+        type=float,
+        default=0.0,
+        help="model a slow interconnect: seconds each step of a multi-worker world spends in its collective "
+        "(tests, benchmarks)",
+    )
     run.add_argument("--slowdown", type=float, default=1.0, help="model a slower device (tests, benchmarks)")
     return parser
 

@@ -122,6 +122,8 @@ class TrainerConfig:
     progress_interval_seconds: float = 5.0
     # Simulated accelerator time per virtual node (CPU tests and benchmarks model devices with it).
     simulated_vnode_seconds: float = 0.0
+    # Simulated interconnect: seconds every step of a world of two or more spends in its collective.
+    simulated_sync_seconds: float = 0.0
     slowdown: float = 1.0
 
     @property
@@ -291,6 +293,12 @@ def validate(config: TrainerConfig) -> None:
         )
     if config.slowdown < 1:
         raise ConfigError(f"--slowdown={config.slowdown} must be at least 1.")
+    for flag, seconds in (
+        ("--simulated-vnode-seconds", config.simulated_vnode_seconds),
+        ("--simulated-sync-seconds", config.simulated_sync_seconds),
+    ):
+        if not (seconds >= 0 and math.isfinite(seconds)):
+            raise ConfigError(f"{flag}={seconds} must be a number of seconds, 0 (the default) or more.")
 
 
 def _check_processes(config: TrainerConfig) -> None:

@@ -100,6 +100,15 @@ def test_a_timeout_must_be_a_positive_number_of_seconds(name: str, value: float)
         from_environment(VALID, spec="train.py", state_dir="/tmp/x", **{name: value})
 
 
+@pytest.mark.parametrize("value", [-0.5, float("inf"), float("nan")], ids=["negative", "inf", "nan"])
+@pytest.mark.parametrize("name", ["simulated_vnode_seconds", "simulated_sync_seconds"])
+def test_simulated_device_and_interconnect_times_are_seconds(name: str, value: float) -> None:
+    flag = "--" + name.replace("_", "-")
+    assert getattr(from_environment(VALID, spec="train.py", state_dir="/tmp/x", **{name: 0.25}), name) == 0.25
+    with pytest.raises(ConfigError, match=f"{flag}=.* must be a number of seconds"):
+        from_environment(VALID, spec="train.py", state_dir="/tmp/x", **{name: value})
+
+
 def test_the_heartbeat_budget_tolerates_a_stalled_node_and_needs_one_attempt() -> None:
     # A node silent for 3 s was dropped again and again on a loaded CI machine (docs/trainer.md).
     config = _config()

@@ -345,7 +345,7 @@ class Worker:
             self.rate_requests.poll() if self.rate_requests is not None else 0,
         )
         with torch.random.fork_rng(devices=[]):
-            return self.engine.reduce_step(
+            reduced = self.engine.reduce_step(
                 self.step,
                 mine,
                 rank=self.world.rank,
@@ -354,6 +354,9 @@ class Worker:
                 comm=self.comm,
                 requests=requests,
             )
+        if self.world.size > 1 and self.config.simulated_sync_seconds > 0:
+            time.sleep(self.config.simulated_sync_seconds)  # a modelled slow interconnect (tests)
+        return reduced
 
     def _follow(self, requests: Requests) -> None:
         """Every worker read the same requests in the same step's message: all switch before the next."""
