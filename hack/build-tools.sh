@@ -25,6 +25,8 @@ LOCAL_PATH_VERSION=v0.0.30
 PROMETHEUS_VERSION=$(awk '$1 == "github.com/prometheus/prometheus" {print $2; exit}' "$ROOT/hack/prometheus/tools/go.mod")
 # kube-router's NetworkPolicy controller for hack/kube-router/ (NetworkPolicy in the kind cluster): not in the default set.
 KUBE_ROUTER_VERSION=$(awk '$1 == "require" && $2 == "github.com/cloudnativelabs/kube-router/v2" {print $3}' "$ROOT/hack/kube-router/tools/go.mod")
+# The Prometheus Operator and its config reloader for hack/prometheus-operator/ (e2e tier, demo): not in the default set.
+PROMETHEUS_OPERATOR_VERSION=$(awk '$1 == "require" && $2 == "github.com/prometheus-operator/prometheus-operator" {print $3}' "$ROOT/hack/prometheus-operator/tools/go.mod")
 # Kubeflow's training-operator for hack/kubeflow/ (the PyTorchJob baseline of the benchmark): not in the default set.
 TRAINING_OPERATOR_VERSION=$(awk '$1 == "require" && $2 == "github.com/kubeflow/training-operator" {print $3}' "$ROOT/hack/kubeflow/tools/go.mod")
 
@@ -190,6 +192,27 @@ build_kube_router() {
   echo "  kube-router $KUBE_ROUTER_VERSION (in $dir)"
 }
 
+# build_prometheus_operator: the Prometheus Operator and its config reloader, in the wrapper module
+# hack/prometheus-operator/tools, with the module's CRDs copied beside them (crds/): the module cache
+# may be emptied after the build (CI frees its disk), the cache of built tools is kept.
+build_prometheus_operator() {
+  local dir=$TOOLS_CACHE/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION
+  if ! cached prometheus-operator "$PROMETHEUS_OPERATOR_VERSION"; then
+    echo "building prometheus-operator $PROMETHEUS_OPERATOR_VERSION (first time on this machine: a few minutes)"
+    mkdir -p "$dir/crds"
+    local module=github.com/prometheus-operator/prometheus-operator source
+    local pkg=github.com/prometheus/common/version
+    local ldflags="-s -w -X $pkg.Version=${PROMETHEUS_OPERATOR_VERSION#v} -X $pkg.Revision=release -X $pkg.Branch=release"
+    (cd "$ROOT/hack/prometheus-operator/tools" &&
+      go build -trimpath -ldflags "$ldflags" -o "$dir/prometheus-config-reloader" "$module/cmd/prometheus-config-reloader" &&
+      go build -trimpath -ldflags "$ldflags" -o "$dir/prometheus-operator.tmp" "$module/cmd/operator")
+    source=$(cd "$ROOT/hack/prometheus-operator/tools" && go mod download -json "$module" | awk -F'"' '$2 == "Dir" {print $4}')
+    install -m 0644 "$source"/example/prometheus-operator-crd/*.yaml "$dir/crds/"
+    mv -f "$dir/prometheus-operator.tmp" "$dir/prometheus-operator"
+  fi
+  echo "  prometheus-operator $PROMETHEUS_OPERATOR_VERSION (in $dir)"
+}
+
 # build_training_operator: the manager of Kubeflow's training-operator (cmd/training-operator.v1), in the
 # wrapper module hack/kubeflow/tools. Its CRDs and RBAC come from the module's manifests/ directory, printed
 # by `build-tools.sh training-operator-source`.
@@ -225,10 +248,12 @@ build() {
     prometheus) build_prometheus ;;
     # kube-router for hack/kube-router/ (NetworkPolicy enforcement in the kind cluster); not in the default set.
     kube-router) build_kube_router ;;
+    # The Prometheus Operator for hack/prometheus-operator/ (e2e tier, demo); not in the default set.
+    prometheus-operator) build_prometheus_operator ;;
     # Kubeflow's training-operator for hack/kubeflow/ (benchmark baseline); not in the default set.
     training-operator) build_training_operator ;;
     training-operator-source) (cd "$ROOT/hack/kubeflow/tools" && go mod download -json github.com/kubeflow/training-operator | awk -F'"' '$2 == "Dir" {print $4}') ;;
-    *) echo "unknown tool '$tool' (known: kubernetes etcd kwok helm kind; for kind nodes: kubernetes-node coredns flannel crictl cni-plugins local-path-provisioner; other: prometheus kube-router training-operator training-operator-source)" >&2; return 2 ;;
+    *) echo "unknown tool '$tool' (known: kubernetes etcd kwok helm kind; for kind nodes: kubernetes-node coredns flannel crictl cni-plugins local-path-provisioner; other: prometheus prometheus-operator kube-router training-operator training-operator-source)" >&2; return 2 ;;
   esac
   if ((SECONDS - started > 2)) && [[ -n ${EBBFLOW_TIMINGS:-} ]]; then
     echo "  make tools, $tool built: $((SECONDS - started)) s" >>"$EBBFLOW_TIMINGS"

@@ -47,10 +47,18 @@ RESTRICTED_CONTAINER_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities
 # the API server): at wait_for's default of ten polls a second, a wait kept up to a core busy beside the
 # cluster it waited on. What the e2e tier and the demo wait for takes seconds to minutes.
 KUBECTL_POLL_S = 1.0
-CHART_VALUES = (f"trainer.rbac.namespaces={{{DEMO_NAMESPACE},{E2E_NAMESPACE}}}", "operator.resyncInterval=5")
+CHART_VALUES = (
+    f"trainer.rbac.namespaces={{{DEMO_NAMESPACE},{E2E_NAMESPACE}}}",
+    "operator.resyncInterval=5",
+    # Scraped by the Prometheus Operator's Prometheus (hack/prometheus-operator), every 5 s.
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.serviceMonitor.interval=5s",
+    "metrics.podMonitor.enabled=true",
+    "metrics.podMonitor.interval=5s",
+)
 # A node taken away carries this NoExecute taint until its Node object is deleted.
 TAKEN_AWAY_TAINT = "ebbflow.dev/taken-away"
-PROMETHEUS_NAMESPACE = "monitoring"  # hack/prometheus/prometheus.yaml
+PROMETHEUS_NAMESPACE = "monitoring"  # hack/prometheus-operator/deploy.yaml
 SETUP_TIMEOUT_S = 3600
 
 
@@ -243,7 +251,8 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_poli
     plugin = run("bash", "hack/fake-gpu-plugin/build-image.sh").strip().splitlines()[-1]
     run("bash", "hack/build-tools.sh", "prometheus")
     prometheus = run("bash", "hack/prometheus/build-image.sh").strip().splitlines()[-1]
-    done("images (operator, trainer, device plugin, Prometheus)")
+    monitoring = Monitoring(prometheus, *run("bash", "hack/prometheus-operator/build-image.sh").split()[-3:])
+    done("images (operator, trainer, device plugin, Prometheus and its operator)")
     run("bash", "hack/kind/up.sh")
     for namespace in (DEMO_NAMESPACE, E2E_NAMESPACE):
         kind.ensure_namespace(namespace)
@@ -258,43 +267,67 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_poli
     manifest = (REPO / "hack" / "fake-gpu-plugin" / "deploy.yaml").read_text()
     kind.kubectl("apply", "-f", "-", input=manifest.replace("ebbflow/fake-gpu-plugin:latest", plugin))
     done("fake GPU device plugin")
+    install_monitoring(kind, monitoring)
+    done("Prometheus Operator and its Prometheus (hack/prometheus-operator)")
     install_chart(kind, CHART_VALUES)
-    done("operator (helm upgrade --install charts/ebbflow)")
-    install_prometheus(kind, prometheus)
+    done("operator (helm upgrade --install charts/ebbflow, with its ServiceMonitor and PodMonitor)")
     poll(kind.gpus_advertised, 180, "the device plugin's nvidia.com/gpu on every worker")
-    done("Prometheus; nvidia.com/gpu advertised")
+    poll(lambda: kind.query('up{job="ebbflow-metrics"} == 1'), 180, "Prometheus scraping the operator")
+    done("operator scraped; nvidia.com/gpu advertised")
 
 
-def install_prometheus(kind: Kind, image: str) -> None:
-    """Prometheus (`image`, built from the Go module proxy by hack/prometheus) scraping the operator
-    and the trainers as the chart's ServiceMonitor and PodMonitor would; queried through the API
-    server."""
-    load_image(image, WORKERS)
-    manifest = (REPO / "hack" / "prometheus" / "prometheus.yaml").read_text()
-    kind.kubectl("apply", "-f", "-", input=manifest.replace("ebbflow/prometheus:dev", image))
-    rollout(kind, PROMETHEUS_NAMESPACE, "prometheus")
+@dataclass(frozen=True)
+class Monitoring:
+    """The images of Prometheus and of its operator (built from the Go module proxy by hack/prometheus
+    and hack/prometheus-operator), and the directory of the operator's CRDs."""
+
+    prometheus: str
+    operator: str
+    config_reloader: str
+    crds: str
 
 
-def rollout(kind: Kind, namespace: str, deployment: str, timeout_s: int = 300) -> None:
-    """Waits for the Deployment's rollout; when it does not end in time, the error carries what its
-    pods and their events say (one CI run timed out on Prometheus and printed nothing else)."""
+def install_monitoring(kind: Kind, monitoring: Monitoring) -> None:
+    """The Prometheus Operator and the Prometheus it runs (hack/prometheus-operator/deploy.yaml), which
+    scrapes whatever the chart's ServiceMonitor and PodMonitor select; queried through the API server.
+    The CRDs are applied server-side (too large for kubectl's last-applied annotation)."""
+    for image in (monitoring.prometheus, monitoring.operator, monitoring.config_reloader):
+        load_image(image, WORKERS)
+    kind.kubectl("apply", "--server-side", "--force-conflicts", "-f", monitoring.crds, timeout=300)
+    kind.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=120s", timeout=150)
+    manifest = (REPO / "hack" / "prometheus-operator" / "deploy.yaml").read_text()
+    for placeholder, image in (
+        ("ebbflow/prometheus:dev", monitoring.prometheus),
+        ("ebbflow/prometheus-operator:dev", monitoring.operator),
+        ("ebbflow/prometheus-config-reloader:dev", monitoring.config_reloader),
+    ):
+        manifest = manifest.replace(placeholder, image)
+    kind.kubectl("apply", "-f", "-", input=manifest)
+    rollout(kind, PROMETHEUS_NAMESPACE, "prometheus-operator")
+    poll(
+        lambda: kind.kubectl("-n", PROMETHEUS_NAMESPACE, "get", "statefulsets", "-o", "name").strip(),
+        120,
+        "the operator's Prometheus StatefulSet",
+    )
+    rollout(kind, PROMETHEUS_NAMESPACE, "prometheus-ebbflow", kind_of="statefulset")
+
+
+def rollout(kind: Kind, namespace: str, name: str, timeout_s: int = 300, kind_of: str = "deployment") -> None:
+    """Waits for the rollout of a Deployment (or another `kind_of` workload); when it does not end in
+    time, the error carries what its pods and their events say (one CI run timed out on Prometheus
+    and printed nothing else)."""
+    workload = f"{kind_of}/{name}"
     try:
         kind.kubectl(
-            "-n",
-            namespace,
-            "rollout",
-            "status",
-            f"deployment/{deployment}",
-            f"--timeout={timeout_s}s",
-            timeout=timeout_s + 20,
+            "-n", namespace, "rollout", "status", workload, f"--timeout={timeout_s}s", timeout=timeout_s + 20
         )
     except KindError as error:
         found = []
         for what in (
             ("get", "pods", "-o", "wide"),
             ("describe", "pods"),
-            ("logs", f"deployment/{deployment}", "--all-containers", "--tail=40"),
-            ("logs", f"deployment/{deployment}", "--all-containers", "--tail=40", "--previous"),
+            ("logs", workload, "--all-containers", "--tail=40"),
+            ("logs", workload, "--all-containers", "--tail=40", "--previous"),
         ):
             try:
                 found.append(
