@@ -89,10 +89,13 @@ def kind() -> Kind:
 @pytest.fixture
 def namespace(kind: Kind) -> Iterator[str]:
     """The e2e namespace (the chart gives its workers the trainers' ServiceAccount). A test's jobs
-    go after it, with their pods, so that the next test finds every GPU free."""
+    go after it, with their pods, so that the next test finds every GPU free. The test is over: its
+    workers get one second to stop (a graceful leave hands a state over to nobody)."""
     yield E2E_NAMESPACE
     kind.kubectl("-n", E2E_NAMESPACE, "delete", "elastictrainingjobs", "--all", timeout=300)
-    kind.kubectl("-n", E2E_NAMESPACE, "delete", "pods", "--all", "--wait=true", timeout=300)
+    kind.kubectl(
+        "-n", E2E_NAMESPACE, "delete", "pods", "--all", "--grace-period=1", "--wait=true", timeout=300
+    )
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 # frees Go's build and module caches (the wheelhouse too when the disk is short), then sets the e2e
 # cluster up.
 #
-#   ci-prepare-e2e.sh build    the kind node, device plugin, Prometheus and kube-router images, and the CPU
+#   ci-prepare-e2e.sh build    the kind node, device plugin, Prometheus (and its operator) and kube-router images, and the CPU
 #                              trainer image when the disk has room for it now
 #   ci-prepare-e2e.sh finish   Go's caches removed (the unit tier's `go test` keeps caches of its
 #                              own), the trainer image (if `build` left it), the wheelhouse removed
@@ -53,9 +53,10 @@ build() {
   bash hack/kind/build-node-image.sh >/dev/null
   say "fake GPU device plugin image"
   bash hack/fake-gpu-plugin/build-image.sh >/dev/null
-  say "Prometheus image"
+  say "Prometheus and Prometheus Operator images"
   bash hack/build-tools.sh prometheus
   bash hack/prometheus/build-image.sh >/dev/null
+  bash hack/prometheus-operator/build-image.sh >/dev/null
   say "kube-router image (NetworkPolicy enforcement)"
   bash hack/kube-router/build-image.sh >/dev/null
   if (($(free_gb) >= TRAINER_BUILD_NEEDS_GB)); then
