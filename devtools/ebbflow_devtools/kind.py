@@ -17,6 +17,7 @@ import os
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -260,20 +261,33 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_poli
     if network_policy:
         run("bash", "hack/kube-router/install.sh")
         done("kube-router, enforcing NetworkPolicy (hack/kube-router/install.sh)")
-    for removal in load_image(TRAINER_IMAGE, WORKERS):
+    # The trainer image (the longest step: 1.4 GB into three nodes) goes in beside the steps after
+    # it, which do not need it: only the tests' and the demo's jobs do.
+    with ThreadPoolExecutor(max_workers=1) as loader:
+        trainer_loaded = loader.submit(_timed_load, TRAINER_IMAGE, WORKERS)
+        load_image(plugin)
+        manifest = (REPO / "hack" / "fake-gpu-plugin" / "deploy.yaml").read_text()
+        kind.kubectl("apply", "-f", "-", input=manifest.replace("ebbflow/fake-gpu-plugin:latest", plugin))
+        done("fake GPU device plugin")
+        install_monitoring(kind, monitoring)
+        done("Prometheus Operator and its Prometheus (hack/prometheus-operator)")
+        install_chart(kind, CHART_VALUES)
+        done("operator (helm upgrade --install charts/ebbflow, with its ServiceMonitor and PodMonitor)")
+        removals, seconds = trainer_loaded.result()
+    for removal in removals:
         say(f"  {removal}")
-    done(f"{TRAINER_IMAGE} in the worker nodes")
-    load_image(plugin)
-    manifest = (REPO / "hack" / "fake-gpu-plugin" / "deploy.yaml").read_text()
-    kind.kubectl("apply", "-f", "-", input=manifest.replace("ebbflow/fake-gpu-plugin:latest", plugin))
-    done("fake GPU device plugin")
-    install_monitoring(kind, monitoring)
-    done("Prometheus Operator and its Prometheus (hack/prometheus-operator)")
-    install_chart(kind, CHART_VALUES)
-    done("operator (helm upgrade --install charts/ebbflow, with its ServiceMonitor and PodMonitor)")
+    say(f"  {TRAINER_IMAGE} in the worker nodes, beside the steps above: {seconds:.0f} s")
+    done(f"waiting for {TRAINER_IMAGE} in the worker nodes")
     poll(kind.gpus_advertised, 180, "the device plugin's nvidia.com/gpu on every worker")
     poll(lambda: kind.query('up{job="ebbflow-metrics"} == 1'), 180, "Prometheus scraping the operator")
     done("operator scraped; nvidia.com/gpu advertised")
+
+
+def _timed_load(image: str, nodes: tuple[str, ...]) -> tuple[list[str], float]:
+    """`load_image`, and how long it took."""
+    started = time.monotonic()
+    removals = load_image(image, nodes)
+    return removals, time.monotonic() - started
 
 
 @dataclass(frozen=True)

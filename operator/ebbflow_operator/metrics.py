@@ -1,4 +1,8 @@
-"""Prometheus metrics on /metrics (prometheus-client, its own registry so tests can start several)."""
+"""Prometheus metrics on /metrics (prometheus-client, its own registry so tests can start several).
+
+The gauges of the cluster's state (jobs, their workers, GPUs) come from the leader's passes only; a
+standby exports none of them (`forget_cluster_state`), so sums over the operator's replicas count
+each job once."""
 
 from __future__ import annotations
 
@@ -100,6 +104,15 @@ class Metrics:
 
     def serve(self, port: int, address: str = "0.0.0.0") -> None:
         start_http_server(port, addr=address, registry=self.registry)
+
+    def forget_cluster_state(self) -> None:
+        """A standby reports no jobs and no GPUs: only the leader's pass knows them. A replica that led
+        and lost the Lease would otherwise export its last pass's values beside the new leader's, and
+        every sum over replicas (the dashboard's) would count them twice. Counters and histograms
+        (what this replica did) stay."""
+        for gauge in (self.desired, self.current, self.ready, self.allocated_gpus, self.jobs, self.gpus):
+            gauge.clear()
+        self._jobs_seen = set()
 
     def record_jobs(self, jobs: Iterable[JobSample]) -> None:
         """Per-pass gauges; series of vanished jobs are removed."""

@@ -170,6 +170,7 @@ class Reconciler:
             if not self.leading():
                 self.last_pass_at = time.monotonic()  # a standby is healthy without passes
                 self._listed_at = 0.0  # relist first on becoming the leader
+                self.metrics.forget_cluster_state()  # the leader reports the cluster, not a standby
                 continue
             try:
                 if not self._listed_at:

@@ -270,6 +270,35 @@ def test_full_lists_go_on_while_a_pass_is_writing() -> None:
     assert ("patch_job_status", "train") in cluster.calls
 
 
+def test_a_leader_that_loses_the_lease_stops_reporting_the_cluster() -> None:
+    """Its last pass's gauges would stand beside the new leader's (the e2e dashboard saw the cluster's
+    GPUs counted twice after a take-over)."""
+    metrics = Metrics()
+    cluster = FakeCluster()
+    cluster.jobs = [raw_job("train")]
+    leading = threading.Event()
+    leading.set()
+    loop = Reconciler(cluster, OperatorConfig(debounce=0.0), metrics, leading=leading.is_set)
+    stop = threading.Event()
+    runner = threading.Thread(target=loop.run_forever, args=(stop,))
+    runner.start()
+    try:
+        loop.trigger()
+        wait_for(lambda: sample(metrics, "ebbflow_jobs", phase="Pending") == 1, 10, "the leader's gauges")
+        leading.clear()
+        loop.trigger()
+        wait_for(
+            lambda: metrics.registry.get_sample_value("ebbflow_jobs", {"phase": "Pending"}) is None,
+            10,
+            "none",
+        )
+    finally:
+        stop.set()
+        loop.trigger()
+        runner.join(30)
+    assert not runner.is_alive()
+
+
 @pytest.mark.parametrize(
     ("interval", "took", "wait"),
     [

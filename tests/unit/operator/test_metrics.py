@@ -1,4 +1,5 @@
-"""The operator's per-job gauges: set from each pass's job samples, removed when a job vanishes."""
+"""The operator's per-job gauges: set from each pass's job samples, removed when a job vanishes, and
+none of them (nor the cluster's GPUs) on a replica that stands by."""
 
 from __future__ import annotations
 
@@ -34,3 +35,17 @@ def test_a_vanished_job_loses_every_series() -> None:
     text = _exposition(metrics)
     assert 'job="a"' not in text
     assert 'ebbflow_job_allocated_gpus{job="b",namespace="team"} 1.0' in text
+
+
+def test_a_replica_that_stands_by_exports_no_jobs_and_no_gpus_but_keeps_its_counters() -> None:
+    metrics = Metrics()
+    metrics.record_jobs([A, B])
+    metrics.gpus.labels("total").set(12)
+    metrics.reconcile_errors.inc()
+    metrics.forget_cluster_state()
+    text = _exposition(metrics)
+    for name in ("ebbflow_job_desired_workers{", "ebbflow_jobs{", "ebbflow_cluster_gpus{"):
+        assert name not in text, name
+    assert "ebbflow_reconcile_errors_total 1.0" in text
+    metrics.record_jobs([B])  # leading again: the next pass's values
+    assert 'ebbflow_job_desired_workers{job="b",namespace="team"} 1.0' in _exposition(metrics)
