@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from ebbflow_devtools.kind import (
+    CHART_VALUES,
     E2E_NAMESPACE,
     OPERATOR_DEPLOYMENT,
     RELEASE,
@@ -25,10 +26,13 @@ from ebbflow_devtools.kind import (
     SETUP_TIMEOUT_S,
     Kind,
     KindError,
+    install_chart,
+    poll,
     record_timing,
     set_up,
 )
 
+from . import release
 from .diagnostics import cluster_state
 
 
@@ -111,3 +115,13 @@ def operator(kind: Kind) -> Iterator[str]:
     )
     refused = [line for line in log.splitlines() if "forbidden" in line.lower()]
     assert not refused, "the operator was refused by RBAC:\n" + "\n".join(refused[:10])
+
+
+@pytest.fixture
+def reinstalled(kind: Kind) -> Iterator[None]:
+    """Whatever the test did to the release, the next test finds it installed and Ready."""
+    yield
+    install_chart(kind, CHART_VALUES)
+    poll(
+        lambda: release.operator_ready(kind), release.REMOVAL_DEADLINE_S, "the operator Ready after reinstall"
+    )

@@ -1,17 +1,15 @@
 """The chart's release on the kind cluster: what `helm install` created is there and the operator is
 Ready, two replicas of which one holds the leader's Lease; `helm uninstall` removes every object of
 the release except the CRD (kept, with the jobs in it, as `helm.sh/resource-policy: keep` promises);
-installing again brings the operator back and it takes up the job left behind. `helm upgrade` with a
-changed value and `helm rollback` replace the operator's pods while a job keeps its own and trains on.
+installing again brings the operator back and it takes up the job left behind; the leader's node lost,
+the standby takes over. (`helm upgrade` and `helm rollback` while jobs train: e2e/test_policies.py.)
 
 The session's setup installed the release on a fresh cluster; these tests reinstall it however they
 end, so that the tests after them find the operator running as set up."""
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,7 +17,6 @@ import yaml
 from ebbflow_api import contract
 from ebbflow_devtools.kind import (
     CHART_VALUES,
-    OPERATOR_DEPLOYMENT,
     RELEASE,
     RELEASE_NAMESPACE,
     Kind,
@@ -30,10 +27,9 @@ from ebbflow_devtools.kind import (
 )
 from ebbflow_operator.leader import LEASE_NAME
 
-from . import jobs
+from . import jobs, release
 
 CRD_NAME = f"{contract.PLURAL}.{contract.API_GROUP}"
-REMOVAL_DEADLINE_S = 180
 
 
 def release_objects(kind: Kind) -> list[dict[str, Any]]:
@@ -57,39 +53,6 @@ def exists(kind: Kind, obj: dict[str, Any]) -> bool:
     return bool(kind.kubectl(*args).strip())
 
 
-def operator_ready(kind: Kind) -> bool:
-    deployment = kind.json("--namespace", RELEASE_NAMESPACE, "get", "deployment", OPERATOR_DEPLOYMENT)
-    wanted = deployment["spec"]["replicas"]
-    return bool(wanted > 0 and deployment["status"].get("readyReplicas", 0) == wanted)
-
-
-def operator_pods(kind: Kind) -> list[str]:
-    """Names of the release's running operator pods."""
-    selector = f"app.kubernetes.io/component=operator,app.kubernetes.io/instance={RELEASE}"
-    found = kind.json("--namespace", RELEASE_NAMESPACE, "get", "pods", "-l", selector)["items"]
-    return sorted(
-        p["metadata"]["name"]
-        for p in found
-        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-    )
-
-
-def lease_holder(kind: Kind) -> str:
-    """The leader's identity (`<pod>-<suffix>`), or "" while nobody holds the Lease."""
-    lease = kind.kubectl(
-        "--namespace", RELEASE_NAMESPACE, "get", "lease", LEASE_NAME, "--ignore-not-found", "-o", "json"
-    )
-    return str(json.loads(lease)["spec"].get("holderIdentity") or "") if lease.strip() else ""
-
-
-@pytest.fixture
-def reinstalled(kind: Kind) -> Iterator[None]:
-    """Whatever the test did to the release, the next test finds it installed and Ready."""
-    yield
-    install_chart(kind, CHART_VALUES)
-    poll(lambda: operator_ready(kind), REMOVAL_DEADLINE_S, "the operator Ready after reinstall")
-
-
 def test_helm_uninstall_removes_the_release_but_keeps_the_crd_and_the_jobs(
     kind: Kind, namespace: str, reinstalled: None
 ) -> None:
@@ -98,10 +61,10 @@ def test_helm_uninstall_removes_the_release_but_keeps_the_crd_and_the_jobs(
     assert {"CustomResourceDefinition", "ServiceAccount", "Deployment", "Service"} <= kinds, kinds
     assert {"ClusterRole", "ClusterRoleBinding", "PodDisruptionBudget"} <= kinds, kinds
     assert all(exists(kind, o) for o in objects), "an object of the release is missing"
-    assert operator_ready(kind)
-    pods = poll(lambda: operator_pods(kind), REMOVAL_DEADLINE_S, "the operator pods listed")
+    assert release.operator_ready(kind)
+    pods = poll(lambda: release.operator_pods(kind), release.REMOVAL_DEADLINE_S, "the operator pods listed")
     assert len(pods) == 2, f"the chart runs a leader and a standby: {pods}"
-    holder = poll(lambda: lease_holder(kind), 120, "a leader elected")
+    holder = poll(lambda: release.lease_holder(kind), 120, "a leader elected")
     assert [p for p in pods if holder.startswith(f"{p}-")], f"the Lease is held by {holder}, not by {pods}"
     crd = kind.json("get", "customresourcedefinition", CRD_NAME)
     assert crd["metadata"]["annotations"].get("helm.sh/resource-policy") == "keep"
@@ -112,17 +75,18 @@ def test_helm_uninstall_removes_the_release_but_keeps_the_crd_and_the_jobs(
     jobs.apply(kind, job)
     poll(lambda: jobs.status(kind, "left-behind").get("phase") == "Pending", 120, "the job Pending")
 
-    run("helm", "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait", timeout=REMOVAL_DEADLINE_S)
+    uninstall = ("helm", "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait")
+    run(*uninstall, timeout=release.REMOVAL_DEADLINE_S)
     removed = [o for o in objects if o["kind"] != "CustomResourceDefinition"]
     poll(
         lambda: not any(exists(kind, o) for o in removed),
-        REMOVAL_DEADLINE_S,
+        release.REMOVAL_DEADLINE_S,
         "every object of the release but the CRD removed",
     )
     selector = f"app.kubernetes.io/instance={RELEASE}"
     poll(  # the Deployment's pods go after it, within their termination grace
         lambda: not kind.json("--namespace", RELEASE_NAMESPACE, "get", "pods", "-l", selector)["items"],
-        REMOVAL_DEADLINE_S,
+        release.REMOVAL_DEADLINE_S,
         "the operator's pods gone with the release",
     )
     assert exists(kind, {"kind": "CustomResourceDefinition", "name": CRD_NAME, "namespace": None})
@@ -133,7 +97,7 @@ def test_helm_uninstall_removes_the_release_but_keeps_the_crd_and_the_jobs(
         run("helm", "status", RELEASE, "--namespace", RELEASE_NAMESPACE, timeout=60)
 
     install_chart(kind, CHART_VALUES)
-    poll(lambda: operator_ready(kind), REMOVAL_DEADLINE_S, "the operator Ready after reinstall")
+    poll(lambda: release.operator_ready(kind), release.REMOVAL_DEADLINE_S, "the operator Ready again")
     # A spec change made now is observed: the reinstalled operator reconciles the job left behind.
     patch = '{"spec": {"replicas": {"max": 2}}}'
     job_ref = ("--namespace", namespace, "elastictrainingjob", "left-behind")
@@ -146,70 +110,6 @@ def test_helm_uninstall_removes_the_release_but_keeps_the_crd_and_the_jobs(
     )
 
 
-def _job_pods(kind: Kind, name: str) -> dict[str, str]:
-    """Name -> UID of the job's pods (workers and rendezvous store)."""
-    selector = f"{contract.LABEL_JOB_NAME}={name}"
-    found = kind.json("--namespace", jobs.E2E_NAMESPACE, "get", "pods", "-l", selector)["items"]
-    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in found}
-
-
-def _operator_args(kind: Kind) -> list[list[str]]:
-    selector = f"app.kubernetes.io/component=operator,app.kubernetes.io/instance={RELEASE}"
-    found = kind.json("--namespace", RELEASE_NAMESPACE, "get", "pods", "-l", selector)["items"]
-    return [p["spec"]["containers"][0]["args"] for p in found if not p["metadata"].get("deletionTimestamp")]
-
-
-def _rolled(kind: Kind, before: list[str], resync: int) -> list[str]:
-    """Two new operator pods, every one with the release's new flag, one of them leading."""
-
-    def replaced() -> list[str] | None:
-        pods = operator_pods(kind)
-        return pods if len(pods) == 2 and not set(pods) & set(before) else None
-
-    pods = poll(replaced, REMOVAL_DEADLINE_S, "two new operator pods")
-    flag = f"--resync-interval={resync}"
-    assert all(flag in args for args in _operator_args(kind)), _operator_args(kind)
-    poll(lambda: any(lease_holder(kind).startswith(f"{p}-") for p in pods), 120, "a new operator pod leading")
-    return pods
-
-
-def _trains_on(kind: Kind, name: str, steps: int) -> None:
-    """The job's status (written by the operator from the trainers' reports) advances `steps` steps."""
-
-    def step() -> int:
-        return int((jobs.status(kind, name).get("progress") or {}).get("step") or 0)
-
-    start = step()
-    poll(lambda: step() >= start + steps, jobs.JOB_DEADLINE_S, f"{name} {steps} steps further")
-
-
-def test_helm_upgrade_and_rollback_roll_the_operator_while_the_job_keeps_its_pods_and_trains(
-    kind: Kind, namespace: str, operator: str, reinstalled: None
-) -> None:
-    jobs.apply(kind, jobs.digits_job("steady", 1, 1, steps=100_000, vnode_seconds=0.05))
-    jobs.wait_phase(kind, "steady", "Running")
-    _trains_on(kind, "steady", 5)
-    pods = _job_pods(kind, "steady")
-    assert len(pods) == 2, f"a worker and the rendezvous store: {pods}"
-    first = operator_pods(kind)
-    history = json.loads(run("helm", "history", RELEASE, "-n", RELEASE_NAMESPACE, "-o", "json", timeout=60))
-    revision = max(entry["revision"] for entry in history)
-
-    # A changed value: the Deployment's pod template changes, so its pods are replaced.
-    resync = int(dict(v.split("=", 1) for v in CHART_VALUES)["operator.resyncInterval"])
-    install_chart(kind, (*CHART_VALUES, f"operator.resyncInterval={resync + 2}"))
-    upgraded = _rolled(kind, first, resync + 2)
-    _trains_on(kind, "steady", 20)
-    assert _job_pods(kind, "steady") == pods, "helm upgrade replaced a pod of the job"
-
-    rollback = ("helm", "rollback", RELEASE, str(revision), "-n", RELEASE_NAMESPACE, "--wait")
-    run(*rollback, timeout=REMOVAL_DEADLINE_S)
-    _rolled(kind, upgraded, resync)
-    _trains_on(kind, "steady", 20)
-    assert _job_pods(kind, "steady") == pods, "helm rollback replaced a pod of the job"
-    assert jobs.status(kind, "steady")["phase"] == "Running"
-
-
 # What a standby's take-over may take beyond the Lease's duration: its retry period (2 s), kubectl's
 # polling and a loaded machine's scheduling.
 TAKE_OVER_MARGIN_S = 10
@@ -219,7 +119,7 @@ def _operator_nodes(kind: Kind) -> dict[str, str]:
     """Running operator pod -> its node."""
     selector = f"app.kubernetes.io/component=operator,app.kubernetes.io/instance={RELEASE}"
     found = kind.json("--namespace", RELEASE_NAMESPACE, "get", "pods", "-l", selector)["items"]
-    running = set(operator_pods(kind))
+    running = set(release.operator_pods(kind))
     return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in found if p["metadata"]["name"] in running}
 
 
@@ -227,7 +127,7 @@ def test_the_standby_leads_within_the_lease_when_the_leaders_node_is_lost_and_th
     kind: Kind, namespace: str, operator: str
 ) -> None:
     nodes = poll(lambda: n if len(n := _operator_nodes(kind)) == 2 else None, 120, "two operator pods")
-    holder = poll(lambda: lease_holder(kind), 120, "a leader elected")
+    holder = poll(lambda: release.lease_holder(kind), 120, "a leader elected")
     (leader,) = [p for p in nodes if holder.startswith(f"{p}-")]
     (standby,) = [p for p in nodes if p != leader]
     lost = nodes[leader]
@@ -246,22 +146,24 @@ def test_the_standby_leads_within_the_lease_when_the_leaders_node_is_lost_and_th
     }
     jobs.apply(kind, job)
     jobs.wait_phase(kind, "steady", "Running")
-    _trains_on(kind, "steady", 5)
+    release.trains_on(kind, "steady", 5)
 
     # The node stops at once, its processes frozen mid-flight: the leader neither renews nor releases
     # the Lease, which the standby may take only once it has expired.
     frozen_at = time.monotonic()
     run("docker", "pause", lost, timeout=60)
     try:
-        poll(lambda: lease_holder(kind).startswith(f"{standby}-"), duration + 60, "the standby leading")
+        leading = f"{standby}-"
+        poll(lambda: release.lease_holder(kind).startswith(leading), duration + 60, "the standby leading")
         took = time.monotonic() - frozen_at
         figures = {"lease_seconds": duration, "took_over_seconds": round(took, 1)}
         jobs.record_figures("operator-take-over", figures)
         assert took <= duration + TAKE_OVER_MARGIN_S, f"took over after {took:.1f} s (Lease {duration} s)"
-        _trains_on(kind, "steady", 20)  # the new leader writes the job's status from the trainers' reports
+        # The new leader writes the job's status from the trainers' reports.
+        release.trains_on(kind, "steady", 20)
     finally:
         run("docker", "unpause", lost, timeout=60)
     # The old leader wakes past its renew deadline: it stays a standby, and the new leader keeps the Lease.
-    poll(lambda: operator_ready(kind), REMOVAL_DEADLINE_S, "both operator pods Ready again")
-    assert lease_holder(kind).startswith(f"{standby}-")
-    _trains_on(kind, "steady", 5)
+    poll(lambda: release.operator_ready(kind), release.REMOVAL_DEADLINE_S, "both operator pods Ready again")
+    assert release.lease_holder(kind).startswith(f"{standby}-")
+    release.trains_on(kind, "steady", 5)

@@ -1,41 +1,36 @@
-"""The goodput policy as users install it (`helm upgrade --set operator.policy=goodput`), fed by
-real trainers' reports through their pods' progress annotation.
+"""Switching the allocation policy as platform teams do, with `helm upgrade` while jobs train, and back
+with `helm rollback`; between the two, the goodput policy fed by real trainers' reports through their
+pods' progress annotation.
 
-Two jobs of 12 virtual nodes scale differently: `scales` computes 0.1 s per virtual node and its
-workers barely wait on each other; `chatty` computes 0.01 s per virtual node and spends 1 s per step
-in its collective as soon as it has a second worker (`--simulated-sync-seconds`, a slow interconnect).
-Fair share would give each half the GPUs; goodput, once their reports show how each scales, leaves
-`chatty` one worker and gives `scales` the rest it can use. `scales` also allows a larger global batch
-(spec.maxGlobalBatchSize with AdaScale): the policy raises it, the operator writes it on every worker
-pod, the kubelet projects it into the file the trainers read, and every worker switches at one step.
+The upgrade and the rollback replace the operator's pods; `steady` (one worker, min = max, which no
+policy resizes) keeps its pods and trains on across both. Under goodput, two jobs of 12 virtual nodes
+scale differently: `scales` computes 0.1 s per virtual node and its workers barely wait on each other;
+`chatty` computes 0.01 s per virtual node and spends 1 s per step in its collective as soon as it has
+a second worker (`--simulated-sync-seconds`, a slow interconnect). Fair share would give each half the
+free GPUs; goodput, once their reports show how each scales, leaves `chatty` one worker and gives
+`scales` more. `scales` also allows a larger global batch (spec.maxGlobalBatchSize with AdaScale): the
+policy raises it, the operator writes it on every worker pod, the kubelet projects it into the file
+the trainers read, and every worker switches at one step.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 from ebbflow_api import contract
 from ebbflow_devtools import trainer_logs
-from ebbflow_devtools.kind import CHART_VALUES, Kind, install_chart, poll
+from ebbflow_devtools.kind import CHART_VALUES, RELEASE, RELEASE_NAMESPACE, Kind, install_chart, poll, run
 
-from . import jobs
+from . import jobs, release
 
 VIRTUAL_NODES, SAMPLES_PER_VIRTUAL_NODE = 12, 16
 BATCH = VIRTUAL_NODES * SAMPLES_PER_VIRTUAL_NODE
 # Time for reports to come in, the policy to move GPUs and the resized worlds to form.
 CONVERGE_S = 600
 HOLD_STILL_S = 20
-
-
-@pytest.fixture
-def goodput(kind: Kind) -> Iterator[None]:
-    """The release switched to the goodput policy by `helm upgrade`, and back to the tier's values."""
-    install_chart(kind, (*CHART_VALUES, "operator.policy=goodput"))
-    yield
-    install_chart(kind, CHART_VALUES)
 
 
 def _job(name: str, vnode_seconds: float, sync_seconds: float, **spec: Any) -> dict[str, Any]:
@@ -75,30 +70,27 @@ def _sizes_holding_still(
     return poll(still, CONVERGE_S, "sizes that hold still")
 
 
-def test_goodput_gives_gpus_by_the_reported_scaling_and_raises_the_batch_the_spec_allows(
-    kind: Kind, namespace: str, operator: str, goodput: None
-) -> None:
+def _goodput_allocates_by_the_reports(kind: Kind) -> None:
     adaptive = {"maxGlobalBatchSize": 4 * BATCH, "lrScaling": "adascale"}
     jobs.apply(kind, _job("scales", vnode_seconds=0.1, sync_seconds=0.0, **adaptive))
     jobs.apply(kind, _job("chatty", vnode_seconds=0.01, sync_seconds=1.0))
-
     sizes = _sizes_holding_still(kind, ("scales", "chatty"), lambda sizes: sizes["chatty"] == 1)
     assert sizes["scales"] > sizes["chatty"], sizes
     jobs.record_figures("goodput", {"sizes": sizes})
 
+
+def _the_raised_batch_reaches_every_worker(kind: Kind) -> None:
     chosen = poll(
         lambda: jobs.status(kind, "scales").get("globalBatchSize"), CONVERGE_S, "a batch chosen for scales"
     )
     assert BATCH < chosen <= 4 * BATCH and chosen % VIRTUAL_NODES == 0, chosen
     pods = jobs.worker_pods(kind, "scales")
-    assert all(
-        p["metadata"]["annotations"].get(contract.ANNOTATION_GLOBAL_BATCH_SIZE) == str(chosen) for p in pods
-    )
+    annotated = {p["metadata"]["annotations"].get(contract.ANNOTATION_GLOBAL_BATCH_SIZE) for p in pods}
+    assert annotated == {str(chosen)}, annotated
 
     def switched() -> dict[str, list[trainer_logs.BatchSwitch]] | None:
-        found = {
-            p: trainer_logs.batch_switches(jobs.logs(kind, p)) for p in jobs.running_workers(kind, "scales")
-        }
+        workers = jobs.running_workers(kind, "scales")
+        found = {p: trainer_logs.batch_switches(jobs.logs(kind, p)) for p in workers}
         return found if found and all(s and s[-1].batch == chosen for s in found.values()) else None
 
     switches = poll(switched, jobs.JOB_DEADLINE_S, f"every scales worker at B={chosen}")
@@ -107,3 +99,32 @@ def test_goodput_gives_gpus_by_the_reported_scaling_and_raises_the_batch_the_spe
     # The samples add up: V virtual nodes of the new per-node count make the chosen global batch.
     assert all(s.samples_per_virtual_node * VIRTUAL_NODES == chosen for s in last.values()), last
     assert "globalBatchSize" not in jobs.status(kind, "chatty"), "a job without maxGlobalBatchSize keeps B"
+
+
+def test_helm_upgrade_to_goodput_allocates_by_the_trainers_reports_and_helm_rollback_restores_fair(
+    kind: Kind, namespace: str, operator: str, reinstalled: None
+) -> None:
+    jobs.apply(kind, jobs.digits_job("steady", 1, 1, steps=100_000, vnode_seconds=0.05))
+    jobs.wait_phase(kind, "steady", "Running")
+    release.trains_on(kind, "steady", 5)
+    steady = release.job_pods(kind, "steady")
+    assert len(steady) == 2, f"a worker and the rendezvous store: {steady}"
+    history = json.loads(run("helm", "history", RELEASE, "-n", RELEASE_NAMESPACE, "-o", "json", timeout=60))
+    revision = max(entry["revision"] for entry in history)
+
+    # A changed value changes the Deployment's pod template: its pods are replaced, the jobs' are not.
+    first = release.operator_pods(kind)
+    install_chart(kind, (*CHART_VALUES, "operator.policy=goodput"))
+    upgraded = release.rolled(kind, first, "--policy=goodput")
+    release.trains_on(kind, "steady", 20)
+    assert release.job_pods(kind, "steady") == steady, "helm upgrade replaced a pod of the job"
+
+    _goodput_allocates_by_the_reports(kind)
+    _the_raised_batch_reaches_every_worker(kind)
+
+    rollback = ("helm", "rollback", RELEASE, str(revision), "-n", RELEASE_NAMESPACE, "--wait")
+    run(*rollback, timeout=release.REMOVAL_DEADLINE_S)
+    release.rolled(kind, upgraded, "--policy=fair")
+    release.trains_on(kind, "steady", 20)
+    assert release.job_pods(kind, "steady") == steady, "helm rollback replaced a pod of the job"
+    assert jobs.status(kind, "steady")["phase"] == "Running"
