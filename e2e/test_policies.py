@@ -74,8 +74,8 @@ def _goodput_allocates_by_the_reports(kind: Kind) -> None:
     adaptive = {"maxGlobalBatchSize": 4 * BATCH, "lrScaling": "adascale"}
     jobs.apply(kind, _job("scales", vnode_seconds=0.1, sync_seconds=0.0, **adaptive))
     jobs.apply(kind, _job("chatty", vnode_seconds=0.01, sync_seconds=1.0))
-    sizes = _sizes_holding_still(kind, ("scales", "chatty"), lambda sizes: sizes["chatty"] == 1)
-    assert sizes["scales"] > sizes["chatty"], sizes
+    # Both jobs start at their minimum, one worker; goodput grows the one whose reports say it scales.
+    sizes = _sizes_holding_still(kind, ("scales", "chatty"), lambda s: s["chatty"] == 1 < s["scales"])
     jobs.record_figures("goodput", {"sizes": sizes})
 
 
