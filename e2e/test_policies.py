@@ -88,13 +88,22 @@ def _the_raised_batch_reaches_every_worker(kind: Kind) -> None:
     annotated = {p["metadata"]["annotations"].get(contract.ANNOTATION_GLOBAL_BATCH_SIZE) for p in pods}
     assert annotated == {str(chosen)}, annotated
 
-    def switched() -> dict[str, list[trainer_logs.BatchSwitch]] | None:
-        workers = jobs.running_workers(kind, "scales")
-        found = {p: trainer_logs.batch_switches(jobs.logs(kind, p)) for p in workers}
-        return found if found and all(s and s[-1].batch == chosen for s in found.values()) else None
+    def switched() -> dict[str, trainer_logs.BatchSwitch] | None:
+        """Each running worker's switch to `chosen`, once every one has switched or joined later (a
+        newcomer receives the batch with the state)."""
+        logs = {p: jobs.logs(kind, p) for p in jobs.running_workers(kind, "scales")}
+        found = {
+            p: s[-1]
+            for p, log in logs.items()
+            if (s := trainer_logs.batch_switches(log)) and s[-1].batch == chosen
+        }
+        if not found:
+            return None
+        step = min(s.step for s in found.values())
+        joined = {p: trainer_logs.resumptions(log) for p, log in logs.items() if p not in found}
+        return found if all(r and r[0].step >= step for r in joined.values()) else None
 
-    switches = poll(switched, jobs.JOB_DEADLINE_S, f"every scales worker at B={chosen}")
-    last = {pod: s[-1] for pod, s in switches.items()}
+    last = poll(switched, jobs.JOB_DEADLINE_S, f"every scales worker at B={chosen}")
     assert len({s.step for s in last.values()}) == 1, f"every worker switches at one step: {last}"
     # The samples add up: V virtual nodes of the new per-node count make the chosen global batch.
     assert all(s.samples_per_virtual_node * VIRTUAL_NODES == chosen for s in last.values()), last
