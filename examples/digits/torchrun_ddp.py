@@ -8,11 +8,16 @@ every ``--checkpoint-every`` steps to ``--checkpoint-dir``, a volume every pod s
 since then are done again. The global batch stays ``--global-batch``, split evenly over the world.
 
 One JSON line per event on rank 0's stdout, for the Kubeflow comparison: ``start`` (world, restart count, step
-resumed from), ``step`` (step, world, wall time), ``done``; with ``--events FILE`` appended to that file
-too (on a shared volume it outlives the pod: bench/vs_kubeflow.py).
+resumed from and where from), ``step`` (step, world, wall time), ``done``; with ``--events FILE`` appended
+to that file too (on a shared volume it outlives the pod: bench/vs_kubeflow.py).
 
     torchrun --nnodes=2:4 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \\
         examples/digits/torchrun_ddp.py --checkpoint-dir /shared/digits --steps 1000
+
+Unchanged, it runs as an ElasticTrainingJob under ``ebbflow-train torchrun`` (examples/jobs/
+digits-torchrun.yaml). ``--elastic`` turns on Ebbflow's opt-ins (``ebbflow_trainer.elastic``, the
+lines under ``if args.elastic``): a stop at a step boundary when the world changes and the state
+handed to the next world in memory, so a join or a leave loses no step.
 """
 
 from __future__ import annotations
@@ -87,7 +92,10 @@ def main() -> None:
         "--simulated-sample-seconds", type=float, default=0.0, help="device time per sample (CPU runs)"
     )
     parser.add_argument("--events", type=Path, help="also append rank 0's events to this file")
+    parser.add_argument("--elastic", action="store_true", help="use ebbflow_trainer.elastic's opt-ins")
     args = parser.parse_args()
+    if args.elastic:
+        from ebbflow_trainer import elastic
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -95,9 +103,13 @@ def main() -> None:
     spec = build_spec()
     model = DistributedDataParallel(spec.model)
     step = load_checkpoint(args.checkpoint_dir, spec.model, spec.optimizer)
+    source = "checkpoint" if step else "none"
+    if args.elastic:
+        restored = elastic.restore(after=step, model=spec.model, optimizer=spec.optimizer)
+        source, step = ("memory" if restored > step else source), restored
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     if rank == 0:  # one process writes: torchrun interleaves its processes' output
-        emit(args.events, "start", world=world, restart=restart, step=step)
+        emit(args.events, "start", world=world, restart=restart, step=step, source=source)
     samples = len(spec.dataset)
     while step < args.steps:
         indices = batch_indices(step, args.global_batch, samples, rank, world)
@@ -111,6 +123,10 @@ def main() -> None:
             emit(args.events, "step", step=step, world=world)
             if step % args.checkpoint_every == 0 or step == args.steps:
                 save_checkpoint(args.checkpoint_dir, spec.model, spec.optimizer, step)
+        if args.elastic:
+            elastic.save(step, model=spec.model, optimizer=spec.optimizer)
+            if elastic.should_stop():
+                elastic.stop()
     if rank == 0:
         with torch.no_grad():
             emit(args.events, "done", step=step, world=world, **spec.eval_fn(spec.model.eval()))

@@ -1,4 +1,5 @@
-"""``ebbflow-train``: ``run`` in every worker pod, ``rendezvous`` in the job's rendezvous pod."""
+"""``ebbflow-train``: ``run`` (a TrainingSpec script) or ``torchrun`` (a script written for torchrun) in
+every worker pod, ``rendezvous`` in the job's rendezvous pod."""
 
 from __future__ import annotations
 
@@ -30,12 +31,6 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("spec", help="training script: path/to/train.py[:build] or package.module[:build]")
     run.add_argument("--mode", default="deterministic", help="deterministic (bitwise) or fast (all-reduce)")
     run.add_argument(
-        "--nproc-per-node",
-        type=int,
-        help="training processes in this pod, one per GPU (default: the GPUs visible, else 1); "
-        "every pod of a job must run the same number",
-    )
-    run.add_argument(
         "--backend",
         default="auto",
         help="collective backend: auto (nccl with CUDA, else gloo), nccl or gloo",
@@ -58,13 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--base-batch-size", type=int, help="batch the learning rate was tuned for (LR scaling)")
-    run.add_argument("--state-dir", help="node-local handoff directory (default /dev/shm/ebbflow/<rdzv id>)")
     run.add_argument("--journal", default="", help="append a JSON-lines record of generations and steps here")
-    run.add_argument(
-        "--node-addr", default="", help="address other nodes know this node by (default: hostname)"
-    )
-    _add_timeouts(run)
-    run.add_argument("--monitor-interval", type=float, default=0.2)
+    _add_launch_flags(run)
     run.add_argument("--dead-band", type=float, default=0.2, help="dynamic batching: smallest change applied")
     run.add_argument("--progress-interval", type=float, default=5.0, dest="progress_interval_seconds")
     run.add_argument(
@@ -78,7 +68,37 @@ def _parser() -> argparse.ArgumentParser:
         "(tests, benchmarks)",
     )
     run.add_argument("--slowdown", type=float, default=1.0, help="model a slower device (tests, benchmarks)")
+
+    torchrun = commands.add_parser(
+        "torchrun",
+        help="run a script written for torchrun (it reads RANK, WORLD_SIZE, ... and calls "
+        "init_process_group) as an elastic job; every world change restarts it, as torchrun does",
+    )
+    _add_launch_flags(torchrun)
+    torchrun.add_argument("spec", metavar="SCRIPT", help="the training script, path/to/train.py")
+    torchrun.add_argument(
+        "script_args", metavar="ARGS", nargs=argparse.REMAINDER, help="the script's arguments"
+    )
     return parser
+
+
+def _add_launch_flags(command: argparse.ArgumentParser) -> None:
+    """What ``run`` and ``torchrun`` share: the processes per pod, the handoff directory, the address
+    and the rendezvous, store and collective timeouts."""
+    command.add_argument(
+        "--nproc-per-node",
+        type=int,
+        help="training processes in this pod, one per GPU (default: the GPUs visible, else 1); "
+        "every pod of a job must run the same number",
+    )
+    command.add_argument(
+        "--state-dir", help="node-local handoff directory (default /dev/shm/ebbflow/<rdzv id>)"
+    )
+    command.add_argument(
+        "--node-addr", default="", help="address other nodes know this node by (default: hostname)"
+    )
+    _add_timeouts(command)
+    command.add_argument("--monitor-interval", type=float, default=0.2)
 
 
 def _add_timeouts(run: argparse.ArgumentParser) -> None:
@@ -128,11 +148,16 @@ def main(argv: list[str] | None = None) -> int:
     from ebbflow_trainer.termination import write_termination_message
 
     flags = vars(args).copy()
-    del flags["command"]
+    torchrun = flags.pop("command") == "torchrun"
+    if torchrun:
+        flags["script_args"] = tuple(flags["script_args"])
     try:
         config = from_environment(os.environ, **flags)
         _check_checkpoint_path(config)
-        _check_spec(config)
+        if torchrun:
+            _check_script(config)
+        else:
+            _check_spec(config)
     except ConfigError as error:
         why = f"invalid configuration: {error}"
         print(f"ebbflow-train: {why}", file=sys.stderr)
@@ -141,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ebbflow_trainer.launch.launcher import run as launch
 
-    return launch(config)
+    return launch(config, torchrun=torchrun)
 
 
 def _check_checkpoint_path(config: TrainerConfig) -> None:
@@ -165,6 +190,19 @@ def _check_checkpoint_path(config: TrainerConfig) -> None:
             f"({error.strerror or error}): mount a writable volume there (a ReadWriteMany "
             "PersistentVolumeClaim on a real cluster, an emptyDir to try it) or change spec.checkpoint.path."
         ) from None
+
+
+def _check_script(config: TrainerConfig) -> None:
+    """A torchrun script must exist before any node joins a world that would only restart it."""
+    from pathlib import Path
+
+    from ebbflow_trainer.config import ConfigError
+
+    if not Path(config.spec).is_file():
+        raise ConfigError(
+            f"training script {config.spec!r} is not a file in this container: give the path of the script "
+            "in the worker image or in a mounted volume (a ConfigMap, for one)."
+        )
 
 
 def _check_spec(config: TrainerConfig) -> None:

@@ -63,6 +63,7 @@ class ConfigError(ValueError):
 class TrainerConfig:
     """Everything a launcher and its workers need, resolved once by the launcher."""
 
+    # `run`: the TrainingSpec script; `torchrun`: the script torchrun would run, with its arguments.
     spec: str
     rdzv_endpoint: str
     rdzv_id: str
@@ -125,6 +126,7 @@ class TrainerConfig:
     # Simulated interconnect: seconds every step of a world of two or more spends in its collective.
     simulated_sync_seconds: float = 0.0
     slowdown: float = 1.0
+    script_args: tuple[str, ...] = ()
 
     @property
     def bucket_bytes(self) -> int:
@@ -143,7 +145,9 @@ class TrainerConfig:
 
     @classmethod
     def from_json(cls, text: str) -> TrainerConfig:
-        return cls(**json.loads(text))
+        values = json.loads(text)
+        values["script_args"] = tuple(values.get("script_args", ()))
+        return cls(**values)
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int | None = None) -> int:

@@ -282,14 +282,31 @@ class Job:
         return env
 
     def start_node(self, *args: str, env: dict[str, str] | None = None) -> Node:
-        name = f"node{len(self.nodes)}"
-        state_dir = self.root / name
-        state_dir.mkdir(parents=True)
-        journal, log_path = state_dir / "journal.jsonl", self.root / f"{name}.log"
+        """A node training the job's TrainingSpec script (`ebbflow-train run`)."""
+        state_dir, journal = self._node_dirs()
         command = [*self.launcher, "run", self.script, "--steps", str(self.steps)]
         command += ["--mode", self.mode, "--state-dir", str(state_dir), "--journal", str(journal)]
         # A longer last call than the default lets all nodes of a busy machine form the first world together.
         command += ["--last-call-timeout", "3", *self.extra_args, *args]
+        return self._start(command, state_dir, journal, env)
+
+    def start_torchrun_node(self, *script_args: str, env: dict[str, str] | None = None) -> Node:
+        """A node running the job's script as torchrun would (`ebbflow-train torchrun`); the node's
+        journal is the script's to write, if it does (``{journal}`` in ``script_args`` names it)."""
+        state_dir, journal = self._node_dirs()
+        command = [*self.launcher, "torchrun", "--state-dir", str(state_dir), "--last-call-timeout", "3"]
+        command += [*self.extra_args, self.script]
+        command += [arg.replace("{journal}", str(journal)) for arg in script_args]
+        return self._start(command, state_dir, journal, env)
+
+    def _node_dirs(self) -> tuple[Path, Path]:
+        state_dir = self.root / f"node{len(self.nodes)}"
+        state_dir.mkdir(parents=True)
+        return state_dir, state_dir / "journal.jsonl"
+
+    def _start(self, command: list[str], state_dir: Path, journal: Path, env: dict[str, str] | None) -> Node:
+        name = state_dir.name
+        log_path = self.root / f"{name}.log"
         process: Process
         if self.launcher == EBBFLOW_TRAIN:
             log_path.write_bytes(b"")

@@ -1,5 +1,7 @@
-"""``ebbflow-train run``: one torch elastic agent per worker pod, ``--nproc-per-node`` training processes
-under it (one per GPU), all members of the same elastic world.
+"""``ebbflow-train run`` and ``ebbflow-train torchrun``: one torch elastic agent per worker pod,
+``--nproc-per-node`` training processes under it (one per GPU), all members of the same elastic world.
+``run`` starts the engine's worker (:mod:`.worker`) for a TrainingSpec script; ``torchrun`` runs the
+user's own script as torchrun would (:mod:`.script`).
 
 The agent joins the job's c10d rendezvous (served by the rendezvous pod) and restarts its workers
 when the world changes. SIGTERM (pod deletion) reaches the workers, which finish their step, hand
@@ -57,7 +59,7 @@ class Markers:
         )
 
 
-def _prepare_process(config: TrainerConfig) -> None:
+def _prepare_process(config: TrainerConfig, preload_script: bool) -> None:
     """Logging, torch elastic's environment switches and the workers' forkserver, before the agent."""
     import multiprocessing
 
@@ -72,24 +74,27 @@ def _prepare_process(config: TrainerConfig) -> None:
     # nodes x N, without an extra store round-trip. Pods with different N would get wrong ranks.
     os.environ["TORCH_ELASTIC_WORKER_IDENTICAL"] = "1"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # Workers are forked from a forkserver that has already imported torch and the script; the
-    # forkserver itself is forked from this process, which imported torch already (warm_forkserver).
-    os.environ[ENV_PRELOAD_SCRIPT] = config.spec
+    # Workers are forked from a forkserver that has already imported torch and the TrainingSpec script
+    # (a torchrun script is not imported ahead: its module code is the training); the forkserver
+    # itself is forked from this process, which imported torch already (warm_forkserver).
+    os.environ[ENV_PRELOAD_SCRIPT] = config.spec if preload_script else ""
     multiprocessing.get_context("forkserver").set_forkserver_preload(["ebbflow_trainer.launch.preload"])
     warm_forkserver.start()
 
 
-def run(config: TrainerConfig) -> int:
-    """Run the elastic agent until training finishes, this pod leaves, or restarts run out."""
+def run(config: TrainerConfig, torchrun: bool = False) -> int:
+    """Run the elastic agent until training finishes, this pod leaves, or restarts run out; each
+    world's workers run the engine (``torchrun`` False) or the torchrun script ``config.spec``."""
     from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.rendezvous import RendezvousClosedError
 
     from ebbflow_trainer.launch.agent import EbbflowAgent, FatalWorkerExit, shutdown_option
     from ebbflow_trainer.launch.rendezvous import GenerationRendezvousHandler, StoreLost
+    from ebbflow_trainer.launch.script import run_script
     from ebbflow_trainer.launch.worker import run_worker
 
-    _prepare_process(config)
+    _prepare_process(config, preload_script=not torchrun)
     markers = Markers(Path(config.state_dir), config.nproc_per_node)
     markers.clear()
     handler = GenerationRendezvousHandler(config)
@@ -97,7 +102,7 @@ def run(config: TrainerConfig) -> int:
         role="trainer",
         local_world_size=config.nproc_per_node,
         rdzv_handler=handler,
-        entrypoint=run_worker,
+        entrypoint=run_script if torchrun else run_worker,
         args=(config.to_json(), 0),
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
