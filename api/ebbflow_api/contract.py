@@ -129,8 +129,15 @@ EXIT_INVALID_CONFIG: Final = 64
 # Training diverged: ENV_MAX_NONFINITE_STEPS consecutive steps had a non-finite loss or gradient.
 # Restarting would replay the same divergence, so the operator fails the job.
 EXIT_NONFINITE_LOSS: Final = 65
+# A torchrun script (`ebbflow-train torchrun`) failed before it joined its world's process group: an
+# error of its own (a bad flag, an import error), not a peer's loss, which a restart would replay.
+EXIT_SCRIPT_FAILED: Final = 66
 # Exit codes that no restart can cure, and the reason of the Failed condition each one leads to.
-FATAL_EXIT_REASONS: Final = {EXIT_INVALID_CONFIG: "InvalidConfig", EXIT_NONFINITE_LOSS: "NonFiniteLoss"}
+FATAL_EXIT_REASONS: Final = {
+    EXIT_INVALID_CONFIG: "InvalidConfig",
+    EXIT_NONFINITE_LOSS: "NonFiniteLoss",
+    EXIT_SCRIPT_FAILED: "ScriptFailed",
+}
 # A worker killed by SIGKILL (128 + 9) or SIGTERM (128 + 15): preemption, not failure.
 EXIT_SIGKILL: Final = 137
 EXIT_SIGTERM: Final = 143

@@ -24,6 +24,9 @@ IMAGE=$(bash "$KIND_DIR/build-node-image.sh")
 timing "node image $IMAGE"
 
 mkdir -p "$(dirname "$KUBECONFIG_OUT")"
+# A directory every pod may write, whatever its user: examples/volumes/shared-checkpoints.yaml.
+mkdir -p "$SHARED/volumes"
+chmod 1777 "$SHARED/volumes"
 export KUBECONFIG=$KUBECONFIG_OUT
 if kind get clusters 2>/dev/null | grep -qxF "$CLUSTER"; then
   echo "[up] cluster $CLUSTER exists; refreshing kubeconfig"

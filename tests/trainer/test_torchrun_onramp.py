@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ebbflow_api import contract
 from ebbflow_devtools.testing.trainer_cluster import REPO, Job, running_job
 from ebbflow_devtools.waiting import wait_for
 
@@ -105,3 +106,41 @@ def test_a_torchrun_script_trains_through_a_join_a_sigterm_and_a_sigkill(
         assert all(start["source"] == "checkpoint" for start, _ in restarts), restarts
         assert all(0 <= lost < CHECKPOINT_EVERY for _, lost in restarts), restarts
         assert all(start["step"] % CHECKPOINT_EVERY == 0 for start, _ in restarts), restarts
+
+
+@pytest.mark.parametrize(
+    ("source", "code", "words"),
+    [
+        pytest.param(
+            "import sys\nsys.exit('train.py: error: unrecognized arguments: --lr')\n",
+            contract.EXIT_SCRIPT_FAILED,
+            "unrecognized arguments: --lr",
+            id="exits-non-zero-at-once",
+        ),
+        pytest.param(
+            "import time\ntime.sleep(1)\n",
+            contract.EXIT_INVALID_CONFIG,
+            "without ever calling torch.distributed.init_process_group()",
+            id="never-calls-init-process-group",
+        ),
+    ],
+)
+def test_a_scripts_own_failure_ends_the_job_with_its_words(
+    tmp_path: Path, source: str, code: int, words: str
+) -> None:
+    """Restarting would replay these, so rank 0's launcher, which holds the world's store and so can
+    tell, exits with a code the operator fails the job on and says why in the pod's termination
+    message, instead of restarting the script forever."""
+    script = tmp_path / "broken.py"
+    script.write_text(source)
+    with running_job(tmp_path, min_replicas=2, max_replicas=2, script=str(script)) as job:
+        messages = [tmp_path / f"termination-{index}" for index in range(2)]
+        nodes = [
+            job.start_torchrun_node(env=job.environment(**{contract.ENV_TERMINATION_MESSAGE_PATH: str(path)}))
+            for path in messages
+        ]
+        ended = wait_for(
+            lambda: [n for n in nodes if n.process.poll() == code] or None, 120, f"an exit {code}"
+        )
+    said = messages[nodes.index(ended[0])].read_text()
+    assert words in said, said

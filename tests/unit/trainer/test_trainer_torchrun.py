@@ -15,7 +15,14 @@ from ebbflow_devtools.testing.trainer_config import VALID_ENVIRONMENT
 from ebbflow_trainer import elastic
 from ebbflow_trainer.__main__ import _parser, main
 from ebbflow_trainer.config import TrainerConfig, from_environment
-from ebbflow_trainer.launch.script import ENV_TRAINER_CONFIG, exit_code_of, run_path, script_environment
+from ebbflow_trainer.launch.script import (
+    ENV_TRAINER_CONFIG,
+    ScriptExit,
+    exit_code_of,
+    fatal_exit,
+    run_path,
+    script_environment,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -75,13 +82,45 @@ def test_the_script_meets_its_worlds_store_and_counts_worlds_as_restarts(tmp_pat
 def test_a_scripts_exit_status_is_what_python_would_give(tmp_path: Path, source: str, status: int) -> None:
     script = tmp_path / "script.py"
     script.write_text(f"assert __name__ == '__main__'\n{source}\n")
-    assert run_path(str(script), ("--a",)) == status
+    assert run_path(str(script), ("--a",)).code == status
+
+
+def test_a_raised_exception_is_named_for_the_termination_message(tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text("raise ModuleNotFoundError(\"No module named 'wandb'\")\n")
+    assert run_path(str(script), ()) == ScriptExit(1, "ModuleNotFoundError: No module named 'wandb'")
+
+
+FAILED, DONE = ScriptExit(1, "ValueError: bad"), ScriptExit(0, "returned")
+
+
+@pytest.mark.parametrize(
+    ("ended", "world", "store_used", "code"),
+    [
+        pytest.param(FAILED, 2, False, contract.EXIT_SCRIPT_FAILED, id="failed-before-any-group"),
+        pytest.param(FAILED, 1, False, contract.EXIT_SCRIPT_FAILED, id="failed-alone-before-its-group"),
+        pytest.param(FAILED, 2, True, None, id="failed-in-a-group-a-peer-may-have-broken"),
+        pytest.param(FAILED, 2, None, None, id="failed-and-rank-0-gone"),
+        pytest.param(DONE, 2, False, contract.EXIT_INVALID_CONFIG, id="trained-alone-in-a-world-of-two"),
+        pytest.param(DONE, 1, False, None, id="alone-in-a-world-of-one"),
+        pytest.param(DONE, 2, True, None, id="trained-together"),
+    ],
+)
+def test_only_a_scripts_own_failure_ends_the_job(
+    ended: ScriptExit, world: int, store_used: bool | None, code: int | None
+) -> None:
+    fatal = fatal_exit(ended, world, store_used)
+    assert (fatal and fatal[0]) == code
+    if code == contract.EXIT_SCRIPT_FAILED:
+        assert fatal is not None and "ValueError: bad" in fatal[1] and "fix the script" in fatal[1]
+    if code == contract.EXIT_INVALID_CONFIG:
+        assert fatal is not None and "init_process_group()" in fatal[1]
 
 
 def test_a_scripts_arguments_are_its_command_line(tmp_path: Path) -> None:
     script, seen = tmp_path / "script.py", tmp_path / "argv.json"
     script.write_text(f"import json, sys\nopen({str(seen)!r}, 'w').write(json.dumps(sys.argv))\n")
-    assert run_path(str(script), ("--steps", "5")) == 0
+    assert run_path(str(script), ("--steps", "5")).code == 0
     assert json.loads(seen.read_text()) == [str(script), "--steps", "5"]
 
 

@@ -12,6 +12,12 @@ this runs. Two values differ from what the agent would give:
 - TORCHELASTIC_RESTART_COUNT: the worlds the job had before this one (generation - 1), the same on
   every worker, where torch counts each agent's own failed restarts.
 
+A script's failure that no restart can cure ends the job with the script's words in rank 0's pod's
+termination message: a failure while the world's store holds no key (no rank has begun to form the
+process group, so no peer's loss can have caused it) exits ``contract.EXIT_SCRIPT_FAILED``; a script
+that returned in a world of several workers whose store nobody used (it never called
+``init_process_group()``, so each worker trained alone) exits ``contract.EXIT_INVALID_CONFIG``.
+
 Invariant: when its script succeeded, rank 0's process, which holds that store, exits only after every
 rank's script returned (or ``STORE_LINGER_SECONDS`` passed), so no rank loses the store during its
 last collective.
@@ -26,6 +32,7 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 
 from ebbflow_api import contract
@@ -33,6 +40,7 @@ from torch.distributed import Store, TCPStore  # type: ignore[attr-defined]
 
 from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.launch.rendezvous import generation_store
+from ebbflow_trainer.termination import write_termination_message
 
 # The configuration the launcher resolved, for `ebbflow_trainer.elastic` inside the script.
 ENV_TRAINER_CONFIG = "EBBFLOW_TRAINER_CONFIG"
@@ -86,17 +94,42 @@ def exit_code_of(exit: SystemExit) -> int:
     return 1
 
 
-def run_path(script: str, args: tuple[str, ...]) -> int:
-    """Run ``script`` as ``__main__`` with ``args`` as its command line; its exit status."""
+@dataclass(frozen=True)
+class ScriptExit:
+    code: int
+    why: str  # the exception's last line, or the exit status, for the termination message
+
+
+def run_path(script: str, args: tuple[str, ...]) -> ScriptExit:
+    """Run ``script`` as ``__main__`` with ``args`` as its command line; how it ended."""
     sys.argv = [script, *args]
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exit:
-        return exit_code_of(exit)
-    except BaseException:
+        code = exit_code_of(exit)
+        return ScriptExit(code, exit.code if isinstance(exit.code, str) else f"exited {code}")
+    except BaseException as error:
         traceback.print_exc()
-        return 1
-    return 0
+        return ScriptExit(1, traceback.format_exception_only(error)[-1].strip())
+    return ScriptExit(0, "returned")
+
+
+def fatal_exit(ended: ScriptExit, world_size: int, store_used: bool | None) -> tuple[int, str] | None:
+    """The exit code and message that end the job when the way the script ended is its own fault.
+    ``store_used``: whether any rank used the world's store (a process group formed there); None
+    on the ranks that do not hold it."""
+    if ended.code != contract.EXIT_SUCCESS and store_used is False:
+        return contract.EXIT_SCRIPT_FAILED, (
+            f"the training script failed before it joined its world's process group ({ended.why}): "
+            "an error of its own, which a restart would repeat; fix the script or its arguments"
+        )
+    if ended.code == contract.EXIT_SUCCESS and world_size > 1 and store_used is False:
+        return contract.EXIT_INVALID_CONFIG, (
+            f"the training script returned in a world of {world_size} without ever calling "
+            "torch.distributed.init_process_group(): each worker trained alone; call it (the default "
+            "env:// method reads what ebbflow-train torchrun sets), or run the job with replicas.max 1"
+        )
+    return None
 
 
 def _wait_for_every_rank(job_store: Store, world_size: int) -> None:
@@ -117,7 +150,14 @@ def run_script(config_json: str, generation: int) -> int:
     job_store = generation_store(config, generation)
     host, port, server = world_store_address(config, job_store, rank)
     os.environ.update(script_environment(config, generation, host, port))
-    code = run_path(config.spec, config.script_args)
+    ended = run_path(config.spec, config.script_args)
+    code = ended.code
+    # Rank 0 holds the world's store, so it alone can tell; its pod's exit code fails the job.
+    fatal = fatal_exit(ended, world_size, None if server is None else server.num_keys() > 0)
+    if fatal is not None:
+        code, why = fatal
+        log.error("%s", why)
+        write_termination_message(config.termination_message_path, why)
     try:
         job_store.add(_FINISHED_KEY, 1)
         # A failed script's world is over (a peer lost, or this rank broke it): nobody needs its store.
