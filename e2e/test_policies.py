@@ -80,10 +80,14 @@ def _goodput_allocates_by_the_reports(kind: Kind) -> None:
 
 
 def _the_raised_batch_reaches_every_worker(kind: Kind) -> None:
-    chosen = poll(
-        lambda: jobs.status(kind, "scales").get("globalBatchSize"), CONVERGE_S, "a batch chosen for scales"
-    )
-    assert BATCH < chosen <= 4 * BATCH and chosen % VIRTUAL_NODES == 0, chosen
+    def raised() -> int | None:
+        """The batch the policy chose for scales once above spec.globalBatchSize: it may first keep
+        B, until the workers' reports carry a gradient-noise estimate that favours a larger one."""
+        batch = jobs.status(kind, "scales").get("globalBatchSize")
+        return batch if batch and batch > BATCH else None
+
+    chosen = poll(raised, CONVERGE_S, "a batch above spec.globalBatchSize chosen for scales")
+    assert chosen <= 4 * BATCH and chosen % VIRTUAL_NODES == 0, chosen
     pods = jobs.worker_pods(kind, "scales")
     annotated = {p["metadata"]["annotations"].get(contract.ANNOTATION_GLOBAL_BATCH_SIZE) for p in pods}
     assert annotated == {str(chosen)}, annotated

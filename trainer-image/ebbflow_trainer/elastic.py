@@ -28,6 +28,7 @@ import functools
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -61,7 +62,8 @@ def config() -> TrainerConfig | None:
     return TrainerConfig.from_json(text) if text else None
 
 
-def _local_dir() -> Path | None:
+def local_directory() -> Path | None:
+    """This process's node-local directory (the pod's /dev/shm), None outside ``ebbflow-train``."""
     settings = config()
     if settings is None:
         return None
@@ -80,7 +82,7 @@ class _StopSignal:
     def __init__(self) -> None:
         self.requested = False
         signal.signal(signal.SIGTERM, self._handle)
-        directory = _local_dir()
+        directory = local_directory()
         if directory is not None:  # the launcher reads it: inside a step, leaving must wait for the stop
             directory.mkdir(parents=True, exist_ok=True)
             (directory / state.TRAINING_MARKER).touch()
@@ -110,7 +112,7 @@ def stop() -> NoReturn:
     """Exit at this step boundary: 0 when this process was asked to stop (the launcher then leaves,
     or the agent starts the next world), the re-form code when only a peer was."""
     asked = _signal is not None and _signal.requested
-    directory = _local_dir()
+    directory = local_directory()
     if directory is not None:
         if asked:
             (directory / state.LEFT_MARKER).touch()
@@ -124,7 +126,7 @@ def save(step: int, **objects: Stateful) -> None:
     """Leave the state dicts of ``objects`` after ``step`` in node-local memory for the next world
     (under ``ebbflow-train`` only; elsewhere a no-op). Every rank may save; the next world loads the
     freshest (`restore`)."""
-    directory = _local_dir()
+    directory = local_directory()
     if directory is None:
         return
     snapshot = {"step": step, "state": {name: value.state_dict() for name, value in objects.items()}}
@@ -142,16 +144,14 @@ def _freshest_rank(step: int) -> tuple[int, int]:
     return newest, min(r for r, s in enumerate(steps) if int(s.item()) == newest)
 
 
-def restore(after: int = 0, **objects: Stateful) -> int:
-    """Load into ``objects`` the freshest state any rank of this world saved, if it is newer than step
-    ``after`` (what the script restored already, from its own checkpoint), and return its step; else
-    leave them and return ``after`` (the first world, or a restart of the whole job). A collective
-    when a process group is up, called by every rank with the same ``after``."""
-    directory = _local_dir()
+def _load_freshest(after: int) -> dict[str, Any] | None:
+    """Collective: the freshest snapshot any rank of this world saved, if newer than step ``after``,
+    sent by the lowest rank holding it to every other; None when there is none."""
+    directory = local_directory()
     saved = state.read(directory / SCRIPT_HANDOFF_FILE) if directory is not None else None
     step, source = _freshest_rank(int(saved["step"]) if saved is not None else -1)
     if step <= after:
-        return after
+        return None
     rank, world = _world()
     if world > 1:
         payload = [state.to_bytes(saved) if rank == source and saved is not None else None]
@@ -159,13 +159,55 @@ def restore(after: int = 0, **objects: Stateful) -> int:
         assert payload[0] is not None, "the freshest rank broadcast nothing"
         saved = state.from_bytes(payload[0])
     assert saved is not None
-    missing = sorted(set(objects) - set(saved["state"]))
+    log.info("restoring the state of step %d from rank %d's node-local handoff", step, source)
+    return saved
+
+
+def restore(after: int = 0, **objects: Stateful) -> int:
+    """Load into ``objects`` the freshest state any rank of this world saved, if it is newer than step
+    ``after`` (what the script restored already, from its own checkpoint), and return its step; else
+    leave them and return ``after`` (the first world, or a restart of the whole job). A collective
+    when a process group is up, called by every rank with the same ``after``."""
+    saved = _load_freshest(after)
+    if saved is None:
+        return after
+    held = saved.get("state", {})
+    missing = sorted(set(objects) - set(held))
     if missing:
-        raise KeyError(f"the saved state of step {step} holds no {missing}: save them under the same names")
+        raise KeyError(
+            f"the saved state of step {saved['step']} holds no {missing}: save them under the same names"
+        )
     for name, target in objects.items():
-        target.load_state_dict(saved["state"][name])
-    log.info("restored the state of step %d from rank %d's node-local handoff", step, source)
-    return step
+        target.load_state_dict(held[name])
+    return int(saved["step"])
+
+
+def save_directory(step: int, directory: Path) -> None:
+    """Leave the files under ``directory`` (a framework's checkpoint) in node-local memory as the state
+    of ``step``; a no-op outside ``ebbflow-train``."""
+    local = local_directory()
+    if local is None:
+        return
+    files = {
+        str(path.relative_to(directory)): path.read_bytes() for path in directory.rglob("*") if path.is_file()
+    }
+    state.write_atomic(state.to_bytes({"step": step, "files": files}), local / SCRIPT_HANDOFF_FILE)
+
+
+def restore_directory(after: int, target: Path) -> int:
+    """Write the freshest directory any rank saved (`save_directory`), if newer than step ``after``,
+    to ``target`` (replacing what was there) and return its step; else return ``after``. Collective."""
+    saved = _load_freshest(after)
+    if saved is None:
+        return after
+    if "files" not in saved:
+        raise KeyError(f"the saved state of step {saved['step']} holds state dicts, not a directory")
+    shutil.rmtree(target, ignore_errors=True)
+    for name, data in saved["files"].items():
+        path = target / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return int(saved["step"])
 
 
 def accumulation_steps(per_device_batch: int, global_batch: int | None = None) -> int:
