@@ -1,25 +1,17 @@
-"""Opt-ins for a script run by ``ebbflow-train torchrun``: each call usable alone, each doing its
-torchrun meaning (or nothing) when the script runs elsewhere (stock torchrun, a single process).
+"""Opt-ins for a script run by ``ebbflow-train torchrun``, each usable alone and each doing its torchrun
+meaning (or nothing) elsewhere; the usage and what each keeps: docs/trainer.md, "Opt-ins".
 
-    from ebbflow_trainer import elastic
+- `should_stop` (collective, once per step): True on every rank once any rank got SIGTERM (its pod
+  deleted, or the agent stopping the world for a newcomer); from its first call SIGTERM is a flag.
+- `stop`: exit at the step boundary, 0 when asked to leave (the launcher then leaves gracefully).
+- `save` / `restore` (collective): state dicts in node-local memory; the next world loads the
+  freshest any rank holds, broadcast from that rank, if newer than the script's own checkpoint.
+  `save_directory` / `restore_directory` do the same for a framework's checkpoint directory.
+- `accumulation_steps`: micro-batches per step that keep the job's global batch in this world.
+- `report`: rank 0's progress for the operator's policies.
 
-    step = load_checkpoint(...)  # the script's own, 0 without one
-    step = elastic.restore(after=step, model=model, optimizer=optimizer)  # collective
-    accumulate = elastic.accumulation_steps(per_device_batch)  # fixed global batch for this world
-    while step < steps:
-        ...  # `accumulate` micro-batches, then optimizer.step()
-        step += 1
-        elastic.report(step, loss=loss, step_seconds=seconds, per_device_batch=per_device_batch)
-        elastic.save(step, model=model, optimizer=optimizer)  # node-local: every step, or every few
-        if elastic.should_stop():  # collective, once per step, at the same step on every rank
-            elastic.stop()
-
-A stop is asked for by SIGTERM, which the agent sends to every worker when the pod is deleted or the
-world must re-form (a node waits to join, one left); `should_stop` turns it from a kill into a flag
-(from its first call on) and agrees on it over the world, so every rank stops after the same step.
-`save` leaves the state in node-local memory (the pod's /dev/shm), `restore` loads the freshest one
-any rank of the new world holds, broadcast from that rank: a join or a leave then loses no step and
-reads no durable checkpoint. A crash (SIGKILL) loses the steps since the survivors' last `save`.
+Invariant: every rank stops after the same step (the flag is agreed over the world), so a stop never
+leaves a rank inside a collective its peers have left.
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
-"""A Hugging Face ``Trainer`` script under ``ebbflow-train torchrun``, made elastic with three additions:
+"""A Hugging Face ``Trainer`` script under ``ebbflow-train torchrun``, made elastic by three additions
+(usage: docs/trainer.md, "A Hugging Face Trainer script"; example: examples/hf_trainer/train.py):
 
-    from ebbflow_trainer.hf import ElasticCallback, elastic_arguments, resume_point
+- `elastic_arguments`: the gradient accumulation that keeps the job's global batch (per-device batch
+  x accumulation x world size) in the current world.
+- `ElasticCallback`: progress to the operator; when any rank got SIGTERM, every rank stops after the
+  same optimizer step, the Trainer saves a checkpoint, every rank that sees it whole hands it over in
+  node-local memory, and all exit.
+- `resume_point` (collective): the freshest handed-over checkpoint, as a directory, if at least as new
+  as the newest in ``output_dir``; else that one; else None.
 
-    args = elastic_arguments(TrainingArguments(..., per_device_train_batch_size=8))
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[ElasticCallback()])
-    trainer.train(resume_from_checkpoint=resume_point(args))
-
-- `elastic_arguments` sets the gradient accumulation that keeps the job's global batch
-  (spec.globalBatchSize = per-device batch x accumulation x world size) for the current world.
-- `ElasticCallback` reports progress to the operator and, when the world must change (SIGTERM to any
-  rank: a pod deleted, a newcomer waiting), stops every rank after the same optimizer step: the
-  Trainer saves a checkpoint (model, optimizer, scheduler, RNG, trainer state), which every rank that
-  sees it whole (all, with ``output_dir`` on a shared volume; else process zero) also leaves in
-  node-local memory (`ebbflow_trainer.elastic`), and every rank exits.
-- `resume_point` (collective, every rank) hands the next world the freshest such checkpoint, from the
-  rank whose node holds it, as a directory to resume from; else the newest checkpoint of the
-  script's own ``output_dir``; else None.
-
-The data position survives a change of world size: a distributed sampler's rank r takes every W-th
-index of one permutation, so with B = b x a x W fixed, global step s covers permutation positions
-[sB, (s+1)B) for any W, and the Trainer's resume skips s x a batches of b per rank: the same s x B.
+Invariant: with B fixed, global step s covers positions [sB, (s+1)B) of the sampler's permutation for
+any world size, and the Trainer's resume skips s x accumulation batches per rank, the same sB samples:
+no sample is skipped or repeated across a change of world size.
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
 """The training process for a torchrun script (``ebbflow-train torchrun``): the script runs as
-``__main__`` with the environment torchrun gives its workers, one world at a time.
+``__main__`` with what torchrun gives its workers (the agent sets RANK, WORLD_SIZE and the rest), one
+world at a time. Two values differ from torch's agent (docs/trainer.md, "An unmodified torchrun
+script"): MASTER_ADDR/MASTER_PORT name a fresh store that each world's rank 0 serves (the job's store
+serves every world, where a process group would meet an earlier world's keys), every rank its client
+as of an agent's store; TORCHELASTIC_RESTART_COUNT counts the worlds before this one, the same on
+every worker.
 
-The elastic agent sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK and the rest before
-this runs. Two values differ from what the agent would give:
+A failure no restart can cure ends the job, said in rank 0's termination message: the script failed
+while the world's store held no key (no rank began its process group: its own error) exits
+``contract.EXIT_SCRIPT_FAILED``; it returned in a world of several without using that store (never
+called ``init_process_group()``) exits ``contract.EXIT_INVALID_CONFIG``.
 
-- MASTER_ADDR/MASTER_PORT: the agent points them at the job's rendezvous store, which serves every
-  world of the job, where a script's process group would meet the keys of earlier worlds. Each world's
-  rank 0 hosts a fresh store instead, before the script starts (so no port can be taken meanwhile),
-  publishes its address under the world's generation in the job's store, and every rank connects to
-  it as torch's workers connect to an agent's store (TORCHELASTIC_USE_AGENT_STORE).
-- TORCHELASTIC_RESTART_COUNT: the worlds the job had before this one (generation - 1), the same on
-  every worker, where torch counts each agent's own failed restarts.
-
-A script's failure that no restart can cure ends the job with the script's words in rank 0's pod's
-termination message: a failure while the world's store holds no key (no rank has begun to form the
-process group, so no peer's loss can have caused it) exits ``contract.EXIT_SCRIPT_FAILED``; a script
-that returned in a world of several workers whose store nobody used (it never called
-``init_process_group()``, so each worker trained alone) exits ``contract.EXIT_INVALID_CONFIG``.
-
-Invariant: when its script succeeded, rank 0's process, which holds that store, exits only after every
-rank's script returned (or ``STORE_LINGER_SECONDS`` passed), so no rank loses the store during its
-last collective.
+Invariant: rank 0's process holds the world's store; after a successful script it exits only once
+every rank's script returned (or ``STORE_LINGER_SECONDS`` passed).
 """
 
 from __future__ import annotations
