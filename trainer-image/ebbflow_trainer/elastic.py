@@ -62,6 +62,13 @@ def local_directory() -> Path | None:
     return state.local_dir(Path(settings.state_dir), int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def _collective_device() -> torch.device:
+    """Where a collective's tensors must live: the process's GPU under nccl, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -94,7 +101,7 @@ def should_stop() -> bool:
         _signal = _StopSignal()
     asked = _signal.requested
     if dist.is_available() and dist.is_initialized():
-        flag = torch.tensor([1 if asked else 0])
+        flag = torch.tensor([1 if asked else 0], device=_collective_device())
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
     return asked
@@ -130,8 +137,9 @@ def _freshest_rank(step: int) -> tuple[int, int]:
     rank, world = _world()
     if world == 1:
         return step, rank
-    steps = [torch.zeros(1, dtype=torch.long) for _ in range(world)]
-    dist.all_gather(steps, torch.tensor([step]))
+    device = _collective_device()
+    steps = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
+    dist.all_gather(steps, torch.tensor([step], device=device))
     newest = max(int(s.item()) for s in steps)
     return newest, min(r for r, s in enumerate(steps) if int(s.item()) == newest)
 

@@ -144,6 +144,18 @@ class ZygoteProcess:
 Process = subprocess.Popen[bytes] | ZygoteProcess
 
 
+def record_reply(reply: dict[str, int], forked: list[int], exits: dict[int, int]) -> None:
+    """Note one line of the zygote's: a child forked (its pid, in order) or a child's exit status.
+    A new child may get the pid of one that exited long before (pids wrap at 32768): the older exit
+    is forgotten when the pid is handed out again, never reported for the new process. The zygote
+    writes a child's pid before it can reap it, so its exit always comes after."""
+    if "pid" in reply:
+        exits.pop(reply["pid"], None)
+        forked.append(reply["pid"])
+    else:
+        exits[reply["exited"]] = reply["code"]
+
+
 class Zygote:
     """This test process's warm parent for `python -m ebbflow_trainer` (started on first use, gone
     with this process): `start` forks one and returns it."""
@@ -178,12 +190,8 @@ class Zygote:
 
     def _read(self) -> None:
         for line in self._replies:
-            reply = json.loads(line)
             with self._changed:
-                if "pid" in reply:
-                    self._pids.append(reply["pid"])
-                else:
-                    self._exits[reply["exited"]] = reply["code"]
+                record_reply(json.loads(line), self._pids, self._exits)
                 self._changed.notify_all()
 
     def start(self, argv: list[str], env: dict[str, str], log: Path) -> ZygoteProcess:
