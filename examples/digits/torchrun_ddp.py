@@ -50,6 +50,7 @@ def emit(events: Path | None, event: str, **fields: Any) -> None:
     line = json.dumps({"event": event, "time": time.time(), **fields})
     print(line, flush=True)
     if events is not None:
+        events.parent.mkdir(parents=True, exist_ok=True)
         with events.open("a") as journal:
             journal.write(line + "\n")
 
