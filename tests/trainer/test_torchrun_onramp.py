@@ -177,6 +177,10 @@ def test_a_hugging_face_trainer_trains_through_a_join_a_sigterm_and_a_sigkill_as
     )
     assert crash[0]["source"] in ("memory", "checkpoint") and crash[1] <= HF_STEPS_PER_WORLD + 1, crash
     assert [e["step"] for e in events if e["event"] == "done"][-1] == HF_STEPS
+    # The last step's progress is reported, not only one every few seconds (outside a cluster the
+    # report is progress.json under the checkpoint path).
+    progress = json.loads((disturbed.checkpoint_dir / "progress.json").read_text())
+    assert progress["step"] == HF_STEPS and progress["worldSize"] == 1, progress
     disturbed_means, calm_means = _window_means(events), _window_means(_events(calm))
     differences = [abs(d - c) / c for d, c in zip(disturbed_means, calm_means, strict=True)]
     assert max(differences) <= HF_LOSS_TOLERANCE, (disturbed_means, calm_means)

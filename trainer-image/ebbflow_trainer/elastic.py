@@ -236,10 +236,17 @@ _reporter: metrics.ProgressReporter | None = None
 
 
 def report(
-    step: int, *, loss: float | None, step_seconds: float, per_device_batch: int, accumulation: int = 1
+    step: int,
+    *,
+    loss: float | None,
+    step_seconds: float,
+    per_device_batch: int,
+    accumulation: int = 1,
+    last: bool = False,
 ) -> None:
     """Rank 0's progress for the operator's policies (the pod's progress annotation), at most every
-    few seconds; best effort and a no-op outside ``ebbflow-train`` or on other ranks."""
+    few seconds, and always for the ``last`` step; best effort and a no-op outside
+    ``ebbflow-train`` or on other ranks."""
     global _reporter
     settings = config()
     rank, world = _world()
@@ -257,4 +264,4 @@ def report(
     )
     finite = loss if loss is not None and math.isfinite(loss) else None  # JSON has no NaN
     body = _reporter.report(step, step * samples, finite, samples / max(step_seconds, 1e-9), None, shape)
-    _reporter.maybe_report(body)
+    _reporter.maybe_report(body, force=last)

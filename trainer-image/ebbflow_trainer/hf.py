@@ -74,6 +74,7 @@ class ElasticCallback(TrainerCallback):
                 step_seconds=self._step_seconds,
                 per_device_batch=args.per_device_train_batch_size,
                 accumulation=args.gradient_accumulation_steps,
+                last=state.global_step >= state.max_steps,
             )
 
     def on_save(

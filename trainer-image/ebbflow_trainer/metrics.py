@@ -141,7 +141,11 @@ class ProgressReporter:
         return dict(zip(contract.PROGRESS_FIELDS, values, strict=True))
 
     def maybe_report(self, report: dict[str, Any], *, force: bool = False) -> None:
+        """Write ``report`` in the background unless one was written within the interval; ``force``
+        (the last step) writes it in any case, after the report still being written."""
         now = time.monotonic()
+        if force and self._thread is not None:
+            self._thread.join(timeout=5)
         busy = self._thread is not None and self._thread.is_alive()
         if busy or (not force and now - self._last < self.config.progress_interval_seconds):
             return
