@@ -30,6 +30,8 @@ from ebbflow_devtools.waiting import wait_for
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / ".tools" / "bin"
 KUBECONFIG = REPO / ".cluster" / "kind-kubeconfig"
+# The host's side of every worker's /shared (hack/kind/up.sh); hostPath volumes live under volumes/.
+SHARED_VOLUMES = Path(os.environ.get("KIND_SHARED_DIR") or REPO / ".cluster" / "shared") / "volumes"
 CLUSTER = "ebbflow"
 WORKERS = (f"{CLUSTER}-worker", f"{CLUSTER}-worker2", f"{CLUSTER}-worker3")
 TRAINER_IMAGE = "ebbflow/trainer:dev-cpu"
@@ -269,10 +271,13 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_poli
         manifest = (REPO / "hack" / "fake-gpu-plugin" / "deploy.yaml").read_text()
         kind.kubectl("apply", "-f", "-", input=manifest.replace("ebbflow/fake-gpu-plugin:latest", plugin))
         done("fake GPU device plugin")
-        install_monitoring(kind, monitoring)
-        done("Prometheus Operator and its Prometheus (hack/prometheus-operator)")
+        # The chart's monitors need only the Prometheus Operator's CRDs: Prometheus starts beside it.
+        apply_monitoring(kind, monitoring)
+        done("Prometheus Operator's CRDs and workloads applied (hack/prometheus-operator)")
         install_chart(kind, CHART_VALUES)
         done("operator (helm upgrade --install charts/ebbflow, with its ServiceMonitor and PodMonitor)")
+        monitoring_rolled_out(kind)
+        done("Prometheus Operator and its Prometheus rolled out, beside the chart")
         removals, seconds = trainer_loaded.result()
     for removal in removals:
         say(f"  {removal}")
@@ -301,10 +306,11 @@ class Monitoring:
     crds: str
 
 
-def install_monitoring(kind: Kind, monitoring: Monitoring) -> None:
+def apply_monitoring(kind: Kind, monitoring: Monitoring) -> None:
     """The Prometheus Operator and the Prometheus it runs (hack/prometheus-operator/deploy.yaml), which
     scrapes whatever the chart's ServiceMonitor and PodMonitor select; queried through the API server.
-    The CRDs are applied server-side (too large for kubectl's last-applied annotation)."""
+    Returns once the CRDs are established and the workloads applied (`monitoring_rolled_out` waits for
+    them). The CRDs are applied server-side (too large for kubectl's last-applied annotation)."""
     for image in (monitoring.prometheus, monitoring.operator, monitoring.config_reloader):
         load_image(image, WORKERS)
     kind.kubectl("apply", "--server-side", "--force-conflicts", "-f", monitoring.crds, timeout=300)
@@ -317,6 +323,10 @@ def install_monitoring(kind: Kind, monitoring: Monitoring) -> None:
     ):
         manifest = manifest.replace(placeholder, image)
     kind.kubectl("apply", "-f", "-", input=manifest)
+
+
+def monitoring_rolled_out(kind: Kind) -> None:
+    """The Prometheus Operator's Deployment and the StatefulSet of the Prometheus it made, rolled out."""
     rollout(kind, PROMETHEUS_NAMESPACE, "prometheus-operator")
     poll(
         lambda: kind.kubectl("-n", PROMETHEUS_NAMESPACE, "get", "statefulsets", "-o", "name").strip(),

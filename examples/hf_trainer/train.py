@@ -35,6 +35,9 @@ def _hf_lm() -> Any:
     return module
 
 
+EVAL_SEQUENCES = 48  # held-out sequences, a few seconds of evaluation on a CPU
+
+
 class Sequences(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     """Rows of bytes as a causal LM's inputs; the model shifts the labels itself."""
 
@@ -82,6 +85,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=200)
     parser.add_argument("--per-device-batch", type=int, default=4)
     parser.add_argument("--save-steps", type=int, default=50)
+    parser.add_argument("--eval-steps", type=int, default=20, help="evaluate on held-out text every N steps")
     parser.add_argument("--events", type=Path)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -98,6 +102,9 @@ def main() -> None:
         logging_steps=1,
         save_strategy="steps",
         save_steps=args.save_steps,
+        eval_strategy="steps",
+        eval_steps=args.eval_steps,
+        per_device_eval_batch_size=args.per_device_batch,
         use_cpu=not torch.cuda.is_available(),
         report_to=[],
         seed=0,
@@ -110,6 +117,7 @@ def main() -> None:
         model=lm.make_model(),
         args=training,
         train_dataset=Sequences(lm.corpus(lm.SEQUENCES, seed=1234)),
+        eval_dataset=Sequences(lm.corpus(EVAL_SEQUENCES, seed=4321)),
         callbacks=[ElasticCallback()],  # Ebbflow: progress, and a stop at a step boundary
     )
     resume = resume_point(training)  # Ebbflow: the state handed over, else the newest checkpoint

@@ -134,7 +134,8 @@ def _hf_job(root: Path) -> tuple[Job, list[str]]:
     job = Job(root=root, min_replicas=1, max_replicas=3, virtual_nodes=12, script=HF_TRAINER)
     job.global_batch_size = HF_GLOBAL_BATCH
     args = ["--output-dir", str(root / "output"), "--max-steps", str(HF_STEPS)]
-    args += ["--save-steps", str(HF_SAVE_STEPS), "--per-device-batch", str(HF_PER_DEVICE)]
+    args += ["--save-steps", str(HF_SAVE_STEPS), "--eval-steps", str(HF_SAVE_STEPS)]
+    args += ["--per-device-batch", str(HF_PER_DEVICE)]
     return job, [*args, "--events", str(root / "events.jsonl")]
 
 
@@ -181,6 +182,8 @@ def test_a_hugging_face_trainer_trains_through_a_join_a_sigterm_and_a_sigkill_as
     # report is progress.json under the checkpoint path).
     progress = json.loads((disturbed.checkpoint_dir / "progress.json").read_text())
     assert progress["step"] == HF_STEPS and progress["worldSize"] == 1, progress
+    # ... with the evaluation the Trainer ran at that step (the callback's on_evaluate).
+    assert progress["eval"]["step"] == HF_STEPS and progress["eval"]["metrics"]["loss"] > 0, progress
     disturbed_means, calm_means = _window_means(events), _window_means(_events(calm))
     differences = [abs(d - c) / c for d, c in zip(disturbed_means, calm_means, strict=True)]
     assert max(differences) <= HF_LOSS_TOLERANCE, (disturbed_means, calm_means)

@@ -8,7 +8,8 @@ meaning (or nothing) elsewhere; the usage and what each keeps: docs/trainer.md, 
   freshest any rank holds, broadcast from that rank, if newer than the script's own checkpoint.
   `save_directory` / `restore_directory` do the same for a framework's checkpoint directory.
 - `accumulation_steps`: micro-batches per step that keep the job's global batch in this world.
-- `report`: rank 0's progress for the operator's policies.
+- `report`: rank 0's progress for the operator's policies; `evaluated` adds the last evaluation's
+  metrics to the reports that follow it.
 
 Invariant: every rank stops after the same step (the flag is agreed over the world), so a stop never
 leaves a rank inside a collective its peers have left.
@@ -233,6 +234,19 @@ def accumulation_steps(per_device_batch: int, global_batch: int | None = None) -
 
 
 _reporter: metrics.ProgressReporter | None = None
+_last_evaluation: dict[str, Any] | None = None
+_last_report: dict[str, Any] | None = None
+
+
+def evaluated(step: int, results: dict[str, float]) -> None:
+    """Record an evaluation at ``step`` (metric name -> value; non-finite values dropped, JSON has
+    no NaN): rank 0 reports it at once with its last progress, and every later `report` carries it
+    until the next evaluation."""
+    global _last_evaluation
+    numbers = {name: float(v) for name, v in results.items() if isinstance(v, int | float)}
+    _last_evaluation = {"step": step, "metrics": {k: v for k, v in numbers.items() if math.isfinite(v)}}
+    if _reporter is not None and _last_report is not None:
+        _reporter.maybe_report({**_last_report, "eval": _last_evaluation}, force=True)
 
 
 def report(
@@ -247,7 +261,7 @@ def report(
     """Rank 0's progress for the operator's policies (the pod's progress annotation), at most every
     few seconds, and always for the ``last`` step; best effort and a no-op outside
     ``ebbflow-train`` or on other ranks."""
-    global _reporter
+    global _reporter, _last_report
     settings = config()
     rank, world = _world()
     if settings is None or rank != 0:
@@ -263,5 +277,7 @@ def report(
         compute_seconds=step_seconds,
     )
     finite = loss if loss is not None and math.isfinite(loss) else None  # JSON has no NaN
-    body = _reporter.report(step, step * samples, finite, samples / max(step_seconds, 1e-9), None, shape)
+    throughput = samples / max(step_seconds, 1e-9)
+    body = _reporter.report(step, step * samples, finite, throughput, _last_evaluation, shape)
+    _last_report = body
     _reporter.maybe_report(body, force=last)

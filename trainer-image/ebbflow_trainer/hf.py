@@ -3,9 +3,9 @@
 
 - `elastic_arguments`: the gradient accumulation that keeps the job's global batch (per-device batch
   x accumulation x world size) in the current world.
-- `ElasticCallback`: progress to the operator; when any rank got SIGTERM, every rank stops after the
-  same optimizer step, the Trainer saves a checkpoint, every rank that sees it whole hands it over in
-  node-local memory, and all exit.
+- `ElasticCallback`: progress and evaluation metrics (``eval_`` prefix dropped) to the operator;
+  when any rank got SIGTERM, every rank stops after the same optimizer step, the Trainer saves a
+  checkpoint, every rank that sees it whole hands it over in node-local memory, and all exit.
 - `resume_point` (collective): the freshest handed-over checkpoint, as a directory, if at least as new
   as the newest in ``output_dir``; else that one; else None.
 
@@ -76,6 +76,17 @@ class ElasticCallback(TrainerCallback):
                 accumulation=args.gradient_accumulation_steps,
                 last=state.global_step >= state.max_steps,
             )
+
+    def on_evaluate(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        metrics: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if metrics:
+            elastic.evaluated(state.global_step, {k.removeprefix("eval_"): v for k, v in metrics.items()})
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
