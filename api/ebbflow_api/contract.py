@@ -138,10 +138,17 @@ FATAL_EXIT_REASONS: Final = {
     EXIT_NONFINITE_LOSS: "NonFiniteLoss",
     EXIT_SCRIPT_FAILED: "ScriptFailed",
 }
-# A worker killed by SIGKILL (128 + 9) or SIGTERM (128 + 15): preemption, not failure.
+# A worker asked to leave (SIGTERM) whose training processes were still running when the leave grace
+# (ENV_LEAVE_GRACE_SECONDS, less the launcher's margin) ran out, and were killed: e.g. a torchrun
+# script that took the stop flag (ebbflow_trainer.elastic.should_stop) and ignored it. A leave, not a
+# failure: the next world resumes from the last state saved; the operator sets the job's
+# LeaveTimedOut condition and a warning, quoting the termination message.
+EXIT_LEAVE_TIMED_OUT: Final = 67
+# A worker killed by SIGKILL (128 + 9) or SIGTERM (128 + 15), or asked to leave and killed past its
+# grace: preemption, not failure.
 EXIT_SIGKILL: Final = 137
 EXIT_SIGTERM: Final = 143
-PREEMPTION_EXIT_CODES: Final = frozenset({EXIT_SIGKILL, EXIT_SIGTERM})
+PREEMPTION_EXIT_CODES: Final = frozenset({EXIT_SIGKILL, EXIT_SIGTERM, EXIT_LEAVE_TIMED_OUT})
 
 DEFAULT_LEAVE_GRACE_SECONDS: Final = 60
 

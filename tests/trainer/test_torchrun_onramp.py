@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from ebbflow_api import contract
 from ebbflow_devtools.testing.trainer_cluster import REPO, Job, Node, running_job
 from ebbflow_devtools.waiting import wait_for
@@ -226,3 +227,38 @@ def test_a_scripts_own_failure_ends_the_job_with_its_words(
         )
     said = messages[nodes.index(ended[0])].read_text()
     assert words in said, said
+
+
+IGNORES_THE_STOP_FLAG = """
+import sys, time
+from pathlib import Path
+import torch, torch.distributed as dist
+from ebbflow_trainer import elastic
+dist.init_process_group("gloo")
+out = Path(sys.argv[1])
+elastic.should_stop()  # from here SIGTERM is a flag...
+torch.save({"step": 7}, out / "own.pt")
+(out / "ready").write_text("")
+while True:  # ...which the script never reads again
+    time.sleep(0.1)
+"""
+
+
+def test_a_script_that_ignores_the_stop_flag_is_killed_after_the_grace_with_its_words(tmp_path: Path) -> None:
+    """SIGTERM with a leave grace of 8 s: the launcher gives the script 3 s (its own margin is 5),
+    kills it, says why in the termination message and exits with the leave-timed-out code (a leave,
+    not a failure); what the script saved stays."""
+    out, message = tmp_path / "out", tmp_path / "termination"
+    out.mkdir()
+    script = out / "stubborn.py"
+    script.write_text(IGNORES_THE_STOP_FLAG)
+    overrides = {contract.ENV_TERMINATION_MESSAGE_PATH: str(message), contract.ENV_LEAVE_GRACE_SECONDS: "8"}
+    with running_job(tmp_path, min_replicas=1, max_replicas=1, script=str(script)) as job:
+        node = job.start_torchrun_node(str(out), env=job.environment(**overrides))
+        wait_for(lambda: (out / "ready").exists(), 120, "the script past its first should_stop()")
+        node.terminate()
+        code = node.process.wait(timeout=60)
+    said = message.read_text()
+    assert code == contract.EXIT_LEAVE_TIMED_OUT, (code, said)
+    assert "did not stop within 3 s of SIGTERM" in said and "elastic.should_stop()" in said, said
+    assert torch.load(out / "own.pt")["step"] == 7

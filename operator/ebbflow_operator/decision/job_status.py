@@ -7,10 +7,10 @@ never counts it twice.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from ebbflow_api import contract
-from ebbflow_api.models import Phase
+from ebbflow_api.models import Condition, Phase
 
 from . import manifests
 from .model import Job, Json, Pod, format_time, parse_progress
@@ -29,6 +29,7 @@ from .plan import (
     children,
 )
 from .status import (
+    LEAVE_TIMED_OUT,
     PREEMPTED,
     READY,
     SCHEDULABLE,
@@ -47,6 +48,21 @@ def report_losses(lost: Mapping[str, str], preemptions: int) -> EventsAndConditi
         (Event("Warning", PREEMPTED, f"lost {len(lost)} worker(s): {names}"),),
         (ConditionUpdate(PREEMPTED, True, sorted(lost.values())[0], message),),
     )
+
+
+def report_late_leaves(late: Sequence[Pod], conditions: Iterable[Condition]) -> EventsAndConditions:
+    """The LeaveTimedOut condition and a warning for each worker killed past its leave grace, quoting
+    its termination message; one the condition names already (an earlier pass saw it) is not
+    reported again."""
+    current = next((c.message for c in conditions if c.type == LEAVE_TIMED_OUT), "")
+    report = EventsAndConditions()
+    for pod in late:
+        why = pod.termination_message or "killed past its leave grace"
+        message = f"{pod.name} exited {pod.exit_code}: {why}"
+        if message != current:
+            condition = ConditionUpdate(LEAVE_TIMED_OUT, True, "GraceExceeded", message)
+            report += EventsAndConditions((Event("Warning", LEAVE_TIMED_OUT, message),), (condition,))
+    return report
 
 
 def job_status(
@@ -88,6 +104,7 @@ def job_status(
         )
         rescaled += (Event("Normal", "MovedOntoOneNode", message),)
     report = report_losses(seen.lost, preemptions) + ending.report + timeout.report
+    report += report_late_leaves(seen.left_late, status.conditions)
     report += EventsAndConditions(rescaled, (*scheduling, ready_condition))
     rescale = {"time": stamp, "from": before, "to": target, "reason": reason} if reason else None
     progress = latest_progress(children(job, observed.pods, contract.ROLE_WORKER))

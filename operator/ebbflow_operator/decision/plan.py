@@ -161,6 +161,7 @@ class Workers:
     counted_failures: tuple[Pod, ...] = ()  # the failures the status still records: new restarts
     succeeded: tuple[Pod, ...] = ()
     taken: tuple[Deletion, ...] = ()  # preempted or being evicted: deleted now
+    left_late: tuple[Pod, ...] = ()  # left, killed past the leave grace (contract.EXIT_LEAVE_TIMED_OUT)
 
 
 @dataclass(frozen=True)

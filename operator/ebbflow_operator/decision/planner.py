@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import replace
+from typing import Any
 
 from ebbflow_api import contract
 from ebbflow_api.models import CleanPodPolicy, Phase
@@ -142,7 +143,9 @@ def classify(
         else:
             active.append(pod)
     counted = tuple(p for p in failures if p.name in recorded)
-    return Workers(tuple(active), lost, tuple(failures), counted, tuple(succeeded), tuple(taken))
+    # A leave whose processes outlived the grace: the pod is going (deleted or preempted) either way.
+    late = tuple(p for p in workers if p.exit_code == contract.EXIT_LEAVE_TIMED_OUT)
+    return Workers(tuple(active), lost, tuple(failures), counted, tuple(succeeded), tuple(taken), late)
 
 
 def lost_reason(node_name: str, nodes: Mapping[str, Node]) -> str:
@@ -333,7 +336,20 @@ def victims(active: Sequence[Pod], count: int, nodes: Mapping[str, Node]) -> lis
         chosen.append(victim)
         if victim.node:
             on_node[victim.node] -= 1
-    return chosen
+    return _keep_a_state_holder(chosen, remaining, order)
+
+
+def _keep_a_state_holder(chosen: list[Pod], remaining: list[Pod], order: Callable[[Pod], Any]) -> list[Pod]:
+    """A scale-down that keeps workers keeps one that holds the job's training state: a worker that
+    reported progress (rank 0 of a world it trained in). If the victims take every such worker
+    while only workers that never trained stay (started together, some still joining), the last
+    holder chosen stays and the first of those goes instead; otherwise the leavers would hand their
+    state to nobody and the next world would start from the durable checkpoint."""
+    holders = [p for p in chosen if p.progress is not None]
+    if not remaining or not holders or any(p.progress is not None for p in remaining):
+        return chosen
+    kept, instead = holders[-1], min(remaining, key=order)
+    return [instead if p is kept else p for p in chosen]
 
 
 def resize(job: Job, active: Sequence[Pod], target: int, disrupted: bool, observed: Observed) -> Sizing:

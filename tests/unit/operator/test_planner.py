@@ -165,12 +165,13 @@ def test_lost_worker_is_replaced_when_capacity_allows() -> None:
     [
         (worker(1, phase="Failed", exit_code=137), True),
         (worker(1, phase="Failed", exit_code=143), True),
+        (worker(1, phase="Failed", exit_code=contract.EXIT_LEAVE_TIMED_OUT), True),
         (worker(1, phase="Failed", exit_code=1, disruption="DeletionByTaintManager"), True),
         (worker(1, phase="Failed", exit_code=1), False),
         (worker(1, node="gone-node"), True),
         (worker(1, node="terminating"), True),
     ],
-    ids=["sigkill", "sigterm", "disruption", "real-failure", "node-gone", "noexecute"],
+    ids=["sigkill", "sigterm", "leave-timed-out", "disruption", "real-failure", "node-gone", "noexecute"],
 )
 def test_preemption_is_not_failure(pod: Pod, lost: bool) -> None:
     pods = [worker(0), pod]
@@ -181,6 +182,27 @@ def test_preemption_is_not_failure(pod: Pod, lost: bool) -> None:
     assert result.status["restarts"] == int(not lost)
     assert [d.name for d in result.delete] == ["j-worker-1"]
     assert result.create_workers == ((2, 2),), "a replacement under a new name"
+
+
+def test_a_worker_killed_past_its_leave_grace_is_reported_once_with_its_words() -> None:
+    """The launcher's termination message reaches the LeaveTimedOut condition and a warning while the
+    deleted pod is still seen; the next pass, which sees it again, reports nothing new."""
+    pods = [worker(0), worker(1)]
+    words = "the training processes did not stop within 55 s of SIGTERM"
+    leaving = replace(
+        pods[1],
+        deleting=True,
+        exit_code=contract.EXIT_LEAVE_TIMED_OUT,
+        termination_message=words,
+    )
+    result = plan(job(lo=1, status=running_status(pods[:1], 1)), [pods[0], leaving], 1)
+    [late] = [c for c in result.status["conditions"] if c["type"] == "LeaveTimedOut"]
+    message = f"j-worker-1 exited {contract.EXIT_LEAVE_TIMED_OUT}: {words}"
+    assert (late["status"], late["reason"], late["message"]) == ("True", "GraceExceeded", message)
+    assert [e.message for e in result.events if e.reason == "LeaveTimedOut"] == [message]
+    assert result.status["restarts"] == 0, "a leave, not a failure"
+    again = plan(job(lo=1, status=result.status), [pods[0], leaving], 1)
+    assert not [e for e in again.events if e.reason == "LeaveTimedOut"], "reported once"
 
 
 @pytest.mark.parametrize(

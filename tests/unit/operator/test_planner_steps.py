@@ -720,6 +720,26 @@ def test_target_size(
         pytest.param(
             [worker(0, "gone"), worker(1, "spot-0")], 1, ["j-worker-1"], id="unknown-node-is-on-demand"
         ),
+        pytest.param(
+            # Started together on three nodes: 1 and 2 formed the world (2 was its first rank 0, 1
+            # the second) while 0 and 3 still imported; the usual order takes 1 and 2 (each alone on
+            # its node), which would leave nobody holding the state.
+            [
+                worker(0, "od-0"),
+                worker(1, "od-1", progress="{}"),
+                worker(2, "spot-0", progress="{}"),
+                worker(3, "od-0"),
+            ],
+            2,
+            ["j-worker-2", "j-worker-3"],
+            id="a-state-holder-stays",
+        ),
+        pytest.param(
+            [worker(0, "od-0", progress="{}"), worker(1, "od-1"), worker(2, "od-1", progress="{}")],
+            1,
+            ["j-worker-0"],
+            id="another-holder-stays-so-the-usual-order",
+        ),
         pytest.param([worker(0), worker(1)], 0, [], id="none"),
         pytest.param([worker(0), worker(1)], -1, [], id="negative-none"),
         pytest.param(

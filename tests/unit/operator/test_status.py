@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -197,8 +199,15 @@ def test_set_condition_adds_replaces_and_orders(
     assert {c.type: c for c in result if c.type != type_} == untouched
 
 
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "operator.md"
+
+
 def test_condition_order_is_the_documented_one() -> None:
-    assert CONDITION_ORDER == (READY, SCHEDULABLE, PREEMPTED, SUCCEEDED, FAILED)
+    """docs/operator.md's table of conditions lists every type, in the order the status keeps."""
+    table = DOCS.read_text().split("Conditions (type, status", 1)[1].split("\n\n", 2)[1]
+    first_cells = [row.split("|")[1] for row in table.splitlines()[2:]]
+    documented = [name for cell in first_cells for name in re.findall(r"`(\w+)`", cell)]
+    assert tuple(documented) == CONDITION_ORDER
     assert (READY, SCHEDULABLE, PREEMPTED, SUCCEEDED, FAILED) == (
         "Ready",
         "Schedulable",

@@ -4,6 +4,9 @@ Torch restarts a failed worker group until ``max_restarts`` run out. A worker th
 ``contract.FATAL_EXIT_REASONS`` (training diverged) would only replay the same failure, so the agent
 stops at once and the launcher exits with the worker's code, which the operator reads from the pod.
 
+After the pod's SIGTERM the agent gives the workers the leave grace (less the launcher's margin) to
+exit, then kills them; `outlived_grace` says whether it had to (the launcher reports it).
+
 The trainer runs on torch >= 2.4 (a vendor's torch in the image's base, docs/images.md), and the
 agent's constructor grew options since: `shutdown_option` passes only what the installed one takes.
 """
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+import signal
+import time
 from typing import TypedDict
 
 from ebbflow_api import contract
@@ -52,7 +57,20 @@ class FatalWorkerExit(Exception):
         self.code = code
 
 
+# Workers whose shutdown after SIGTERM took this close to its timeout were still running at its end.
+OUTLIVED_MARGIN_S = 0.5
+
+
 class EbbflowAgent(LocalElasticAgent):
+    # The seconds the workers were given after SIGTERM and outlived (then killed); None if they exited.
+    outlived_grace: int | None = None
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        started = time.monotonic()
+        super()._shutdown(death_sig, timeout)
+        if death_sig == signal.SIGTERM and time.monotonic() - started >= timeout - OUTLIVED_MARGIN_S:
+            self.outlived_grace = timeout
+
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result: RunResult = super()._monitor_workers(worker_group)
         for failure in result.failures.values():

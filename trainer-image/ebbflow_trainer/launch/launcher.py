@@ -1,13 +1,13 @@
 """``ebbflow-train run`` and ``ebbflow-train torchrun``: one torch elastic agent per worker pod,
 ``--nproc-per-node`` training processes under it (one per GPU), all members of the same elastic world.
-``run`` starts the engine's worker (:mod:`.worker`) for a TrainingSpec script; ``torchrun`` runs the
-user's own script as torchrun would (:mod:`.script`).
+``run`` runs the engine's worker (:mod:`.worker`), ``torchrun`` the user's script (:mod:`.script`).
 
 The agent joins the job's c10d rendezvous (served by the rendezvous pod) and restarts its workers
 when the world changes. SIGTERM (pod deletion) reaches the workers, which finish their step, hand
-their state over and exit 0. A lost store is waited for (see :mod:`.rendezvous`); if none answers
-within ``--store-loss-timeout`` the workers stop at a step boundary (rank 0 checkpoints) and the
-launcher exits ``EXIT_STORE_LOST``.
+their state over and exit 0; workers still running when the leave grace runs out are killed, and the
+launcher exits ``contract.EXIT_LEAVE_TIMED_OUT`` saying why. A lost store is waited for (see
+:mod:`.rendezvous`); if none answers within ``--store-loss-timeout`` the workers stop at a step
+boundary (rank 0 checkpoints) and the launcher exits ``EXIT_STORE_LOST``.
 
 Invariants: the rendezvous is never closed while the job trains, so a pod that leaves does not end
 the job for the others (pytorch/pytorch#67742); once the world has trained to the last step its
@@ -29,6 +29,8 @@ from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.launch import warm_forkserver
 from ebbflow_trainer.termination import write_termination_message
 
+# Seconds of the pod's grace period the launcher keeps for itself after its workers' shutdown.
+LAUNCHER_MARGIN_S = 5
 # A rendezvous store lost for longer than --store-loss-timeout: a real failure (the operator replaces
 # the pod until maxRestarts), not a preemption.
 EXIT_STORE_LOST = 1
@@ -127,7 +129,7 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
         start_method="forkserver",
         exit_barrier_timeout=config.collective_timeout,
         # The worker gets the pod's grace period, less a margin for the agent to exit.
-        **shutdown_option(EbbflowAgent, max(1, config.leave_grace_seconds - 5)),
+        **shutdown_option(EbbflowAgent, max(1, config.leave_grace_seconds - LAUNCHER_MARGIN_S)),
     )
     try:
         result = agent.run()
@@ -138,6 +140,8 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
         return contract.EXIT_SUCCESS
     except SignalException as signalled:
         handler.leave()
+        if signalled.sigval == signal.SIGTERM and agent.outlived_grace is not None:
+            return _left_late(config, agent.outlived_grace, torchrun)
         if signalled.sigval == signal.SIGTERM and markers.graceful():
             return contract.EXIT_SUCCESS
         return 128 + int(signalled.sigval)
@@ -155,3 +159,21 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
     # None: torch's agent swallowed a graceful exit from a closed rendezvous (a node that waited as a
     # spare in a full world): the job is done.
     return contract.EXIT_SUCCESS if result is None or result.state == WorkerState.SUCCEEDED else 1
+
+
+def _left_late(config: TrainerConfig, grace: int, torchrun: bool) -> int:
+    """The workers outlived the leave grace and were killed: said in the termination message."""
+    fix = (
+        "a script that takes the stop flag must call ebbflow_trainer.elastic.should_stop() once per step "
+        "and elastic.stop() as soon as it returns True"
+        if torchrun
+        else "the step and the state's handoff took longer than that"
+    )
+    why = (
+        f"the training processes did not stop within {grace} s of SIGTERM (spec.leaveGraceSeconds="
+        f"{config.leave_grace_seconds} less {LAUNCHER_MARGIN_S} s for the launcher) and were killed: {fix}, "
+        "or raise spec.leaveGraceSeconds; the next world resumes from the last state they saved"
+    )
+    log.error("%s", why)
+    write_termination_message(config.termination_message_path, why)
+    return contract.EXIT_LEAVE_TIMED_OUT
