@@ -30,7 +30,7 @@ from .jobs import JOB_DEADLINE_S
 
 EXAMPLES = REPO / "examples"
 CLAIM = "e2e-own-loops"
-DDP_STEPS, DDP_CHECKPOINT_EVERY = 500, 20
+DDP_STEPS, DDP_CHECKPOINT_EVERY = 300, 20
 # Device time per sample: 0.1 s a step in a world of three (128 samples a worker), so the script trains
 # long enough to be disturbed (the CPU computes a digits step in milliseconds).
 DDP_SAMPLE_SECONDS = 0.0008

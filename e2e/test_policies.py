@@ -82,34 +82,33 @@ def _goodput_allocates_by_the_reports(kind: Kind) -> None:
 
 
 def _the_raised_batch_reaches_every_worker(kind: Kind) -> None:
-    def raised() -> int | None:
-        """The batch the policy chose for scales once above spec.globalBatchSize: it may first keep
-        B, until the workers' reports carry a gradient-noise estimate that favours a larger one."""
-        batch = jobs.status(kind, "scales").get("globalBatchSize")
-        return batch if batch and batch > BATCH else None
-
-    chosen = poll(raised, CONVERGE_S, "a batch above spec.globalBatchSize chosen for scales")
-    assert chosen <= 4 * BATCH and chosen % VIRTUAL_NODES == 0, chosen
-    pods = jobs.worker_pods(kind, "scales")
-    annotated = {p["metadata"]["annotations"].get(contract.ANNOTATION_GLOBAL_BATCH_SIZE) for p in pods}
-    assert annotated == {str(chosen)}, annotated
-
-    def switched() -> dict[str, trainer_logs.BatchSwitch] | None:
-        """Each running worker's switch to `chosen`, once every one has switched or joined later (a
-        newcomer receives the batch with the state)."""
+    def switched() -> tuple[int, dict[str, trainer_logs.BatchSwitch]] | None:
+        """The batch the policy chose for scales once above spec.globalBatchSize (it keeps B until
+        the workers' reports carry a gradient-noise estimate that favours a larger one, and may move
+        again as the estimate does), with each running worker's switch to it, once it is on every
+        worker pod and every running worker has switched or joined later (a newcomer receives the
+        batch with the state)."""
+        chosen = jobs.status(kind, "scales").get("globalBatchSize")
+        if not chosen or chosen <= BATCH:
+            return None
+        annotated = {
+            p["metadata"]["annotations"].get(contract.ANNOTATION_GLOBAL_BATCH_SIZE)
+            for p in jobs.worker_pods(kind, "scales")
+        }
         logs = {p: jobs.logs(kind, p) for p in jobs.running_workers(kind, "scales")}
         found = {
             p: s[-1]
             for p, log in logs.items()
             if (s := trainer_logs.batch_switches(log)) and s[-1].batch == chosen
         }
-        if not found:
+        if annotated != {str(chosen)} or not found:
             return None
         step = min(s.step for s in found.values())
         joined = {p: trainer_logs.resumptions(log) for p, log in logs.items() if p not in found}
-        return found if all(r and r[0].step >= step for r in joined.values()) else None
+        return (chosen, found) if all(r and r[0].step >= step for r in joined.values()) else None
 
-    last = poll(switched, jobs.JOB_DEADLINE_S, f"every scales worker at B={chosen}")
+    chosen, last = poll(switched, CONVERGE_S, "every scales worker at a batch above spec.globalBatchSize")
+    assert chosen <= 4 * BATCH and chosen % VIRTUAL_NODES == 0, chosen
     assert len({s.step for s in last.values()}) == 1, f"every worker switches at one step: {last}"
     # The samples add up: V virtual nodes of the new per-node count make the chosen global batch.
     assert all(s.samples_per_virtual_node * VIRTUAL_NODES == chosen for s in last.values()), last

@@ -39,15 +39,15 @@ def torchrun(checkpoints: Path, steps: int, *extra: str) -> list[dict[str, Any]]
 
 
 def test_the_torchrun_baseline_resumes_from_its_checkpoint(tmp_path: Path) -> None:
-    first = torchrun(tmp_path, steps=50)
+    first = torchrun(tmp_path, steps=30)
     assert [e["step"] for e in first if e["event"] == "start"] == [0]
-    assert [e["step"] for e in first if e["event"] == "step"] == list(range(1, 51))
+    assert [e["step"] for e in first if e["event"] == "step"] == list(range(1, 31))
 
-    # A restart finds the checkpoint of step 50 (the last step is always saved) and goes on from there.
+    # A restart finds the checkpoint of step 30 (the last step is always saved) and goes on from there.
     journal = tmp_path / "events.jsonl"
-    second = torchrun(tmp_path, 200, "--events", str(journal))
-    assert [e["step"] for e in second if e["event"] == "start"] == [50]
-    assert [e["step"] for e in second if e["event"] == "step"] == list(range(51, 201))
+    second = torchrun(tmp_path, 100, "--events", str(journal))
+    assert [e["step"] for e in second if e["event"] == "start"] == [30]
+    assert [e["step"] for e in second if e["event"] == "step"] == list(range(31, 101))
     (done,) = [e for e in second if e["event"] == "done"]
     assert done["world"] == 2 and done["accuracy"] >= 0.95
     # --events: the same lines in a file that outlives the process (a pod's shared volume).

@@ -80,7 +80,8 @@ class GoodputPolicy:
     def decide(self, demands: Sequence[Demand], free: Mapping[str, int]) -> Allocation:
         """The counts `allocate` returns and, for every job that may change its batch
         (`JobMetrics.max_batch`) and got workers, the B chosen for the placement the pass projected
-        (B0 while its noise scale is unknown)."""
+        (B0 while its noise scale is unknown; the B it runs at while that is within
+        `BATCH_SWITCH_GAIN` of the best)."""
         fair = PriorityFairShare().allocate(demands, free)
         info = metrics_of(demands, self.metrics)
         # Jobs share their eligible sets (the simulator's are one), so each set's node size is
@@ -96,7 +97,7 @@ class GoodputPolicy:
         cancel_relocations(demands, counts, packing)
         moves = self._consolidate(demands, counts, packing, objective.speedup)
         batches = {
-            d.key: objective.job(d)[0].best_batch(packing.placement(d))
+            d.key: objective.job(d)[0].batch_to_run(packing.placement(d), info[d.key].current_batch)
             for d in demands
             if info[d.key].max_batch is not None and counts[d.key] > 0
         }

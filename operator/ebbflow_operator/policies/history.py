@@ -199,6 +199,7 @@ class History:
                 global_batch=job.spec.global_batch_size,
                 virtual_nodes=job.spec.resolved_virtual_nodes,
                 max_batch=job.spec.max_global_batch_size,
+                current_batch=job.status.global_batch_size,
                 measurements=tuple(
                     replace(m, speed=speeds.get(m.gpu_type, 1.0)) for m in history.measurements
                 ),

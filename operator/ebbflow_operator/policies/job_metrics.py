@@ -27,6 +27,7 @@ class JobMetrics:
     losses: tuple[tuple[float, float], ...] = ()  # (step, loss)
     step: float | None = None  # steps done; defaults to the last loss report's step
     max_batch: int | None = None  # the spec's maxGlobalBatchSize: B may move in [B0, this]; None fixed
+    current_batch: int | None = None  # the B the job runs at now (status.globalBatchSize), if chosen
 
     def model(self) -> JobModel:
         params = fit_cached(self.measurements) if self.measurements else ThroughputParams.prior()

@@ -29,6 +29,8 @@ from .search import golden_min, grid_then_golden
 GAMMA_MIN = 1.0
 GAMMA_MAX = 10.0
 TIME_SLICE_OVERHEAD = 0.1  # a time-sliced device does 10% less work than its share (context switches)
+# A job keeps the batch it runs at unless another candidate promises this much more goodput.
+BATCH_SWITCH_GAIN = 0.05
 CONTENTION_MAX = 1.0  # the most one more busy device on a node may slow compute (fit's search range)
 
 
@@ -243,6 +245,16 @@ class JobModel:
         """The candidate batch with the most goodput at `placement` (the smallest on ties; B0 with
         no workers)."""
         return self.best(placement)[1]
+
+    def batch_to_run(self, placement: Placement, current: int | None) -> int:
+        """The batch to run at `placement`: `best_batch`, unless the batch the job runs at now
+        (`current`, a candidate) comes within BATCH_SWITCH_GAIN of its goodput. Two candidates whose
+        goodputs cross back and forth as the noise-scale estimate moves would otherwise switch the
+        trainers' batch at every pass."""
+        goodput, best = self.best(placement)
+        if current is None or current == best or current not in self.batch_candidates():
+            return best
+        return current if self.goodput(placement, current) * (1 + BATCH_SWITCH_GAIN) >= goodput else best
 
     def best(self, placement: Placement) -> tuple[float, int]:
         """(goodput, batch) at the best candidate batch for `placement`."""

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 from ebbflow_operator.policies.throughput import (
+    BATCH_SWITCH_GAIN,
     TIME_SLICE_OVERHEAD,
     JobModel,
     Measurement,
@@ -387,6 +388,42 @@ def test_best_batch_stays_in_bounds_on_multiples_of_v() -> None:
             model.goodput(Placement(workers), b) <= model.best(Placement(workers))[0]
             for b in model.batch_candidates()
         )
+
+
+@pytest.mark.parametrize(
+    ("noise", "current", "expected"),
+    [
+        pytest.param(700.0, None, 1024, id="nothing chosen yet: the best"),
+        pytest.param(700.0, 1024, 1024, id="running the best: kept"),
+        pytest.param(800.0, 1024, 1024, id="just past the crossing: the running batch kept"),
+        pytest.param(800.0, 2048, 2048, id="just before the crossing the other way: kept"),
+        pytest.param(3000.0, 512, 2048, id="far below the best: switched"),
+        pytest.param(800.0, 1000, 2048, id="a batch that is no candidate: the best"),
+    ],
+)
+def test_batch_to_run_keeps_the_running_batch_within_the_switch_gain(
+    noise: float, current: int | None, expected: int
+) -> None:
+    model, placement = adaptive(noise), Placement(16, 2)
+    chosen = model.batch_to_run(placement, current)
+    assert chosen == expected
+    assert model.goodput(placement, chosen) * (1 + BATCH_SWITCH_GAIN) >= model.best(placement)[0]
+
+
+def test_a_noise_scale_jittering_at_a_crossing_switches_the_batch_once() -> None:
+    """phi near 754, where 1024 and 2048 trade places at 16 workers: the best batch flips at every
+    estimate, the batch to run once."""
+    placement, running, switches, flips = Placement(16, 2), 1024, 0, 0
+    best = adaptive(740.0).best_batch(placement)
+    for noise in [740.0, 770.0] * 10 + [2000.0]:
+        model = adaptive(noise)
+        flips += model.best_batch(placement) != best
+        best = model.best_batch(placement)
+        chosen = model.batch_to_run(placement, running)
+        switches += chosen != running
+        running = chosen
+    # The best flips at each of the 19 jitters; the batch run moves once, to phi = 2000's best.
+    assert flips == 19 and switches == 1 and running == 2048
 
 
 def test_a_fixed_batch_job_is_the_old_model_float_for_float() -> None:

@@ -232,15 +232,16 @@ def _workers(world_size: int) -> list[VirtualNodeEngine]:
 
 
 def test_deterministic_mode_is_bitwise_the_same_for_any_world_size_through_a_rate_switch() -> None:
-    """spec.bandLimit: the engines start at rate 0; rank 0 asks for 0.75 in step 2's message and every
+    """spec.bandLimit: the engines start at rate 0; rank 0 asks for 0.75 in step 1's message and every
     worker switches after it, as the trainer does: every step is applied (none lost or skipped), and
-    the parameters are bitwise those of one worker holding every virtual node."""
+    the parameters are bitwise those of one worker holding every virtual node (three workers hold the
+    four unevenly)."""
     finals = []
-    for world_size in (1, 2, 4):
+    for world_size in (1, 3):
         workers = _workers(world_size)
         assert {w.compression_rate for w in workers} == {0.0}
-        for step in range(5):
-            code = encode_rate(0.75, workers[0].rates) if step == 2 else 0
+        for step in range(3):
+            code = encode_rate(0.75, workers[0].rates) if step == 1 else 0
             requests = [Requests(rate=code if rank == 0 else 0) for rank in range(world_size)]
             results = step_world(workers, step, requests=requests)
             assert not any(r.skipped for r in results)
@@ -249,7 +250,7 @@ def test_deterministic_mode_is_bitwise_the_same_for_any_world_size_through_a_rat
                 if rate is not None:
                     worker.switch_rate(rate)
             layers = [m for w in workers for m in w.spec.model.modules() if isinstance(m, BandLimitedConv2d)]
-            assert {layer.compression_rate for layer in layers} == {0.75 if step >= 2 else 0.0}
+            assert {layer.compression_rate for layer in layers} == {0.75 if step >= 1 else 0.0}
         finals.append([t.detach().clone() for t in workers[0].spec.model.state_dict().values()])
         for worker in workers:
             worker.close()
