@@ -35,6 +35,19 @@ CONVERGE_S = 600
 HOLD_STILL_S = 20
 
 
+class _Phases:
+    """Seconds each phase of the scenario took, for the figures."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._since = time.monotonic()
+
+    def done(self, phase: str) -> None:
+        now = time.monotonic()
+        self.seconds[phase] = round(now - self._since, 1)
+        self._since = now
+
+
 def _job(name: str, vnode_seconds: float, sync_seconds: float, **spec: Any) -> dict[str, Any]:
     job = jobs.digits_job(
         name,
@@ -72,16 +85,15 @@ def _sizes_holding_still(
     return poll(still, CONVERGE_S, "sizes that hold still")
 
 
-def _goodput_allocates_by_the_reports(kind: Kind) -> None:
+def _goodput_allocates_by_the_reports(kind: Kind) -> dict[str, int]:
     adaptive = {"maxGlobalBatchSize": 4 * BATCH, "lrScaling": "adascale"}
     jobs.apply(kind, _job("scales", vnode_seconds=0.1, sync_seconds=0.0, **adaptive))
     jobs.apply(kind, _job("chatty", vnode_seconds=0.01, sync_seconds=1.0))
     # Both jobs start at their minimum, one worker; goodput grows the one whose reports say it scales.
-    sizes = _sizes_holding_still(kind, ("scales", "chatty"), lambda s: s["chatty"] == 1 < s["scales"])
-    jobs.record_figures("goodput", {"sizes": sizes})
+    return _sizes_holding_still(kind, ("scales", "chatty"), lambda s: s["chatty"] == 1 < s["scales"])
 
 
-def _the_raised_batch_reaches_every_worker(kind: Kind) -> None:
+def _the_raised_batch_reaches_every_worker(kind: Kind) -> int:
     def switched() -> tuple[int, dict[str, trainer_logs.BatchSwitch]] | None:
         """The batch the policy chose for scales once above spec.globalBatchSize (it keeps B until
         the workers' reports carry a gradient-noise estimate that favours a larger one, and may move
@@ -113,6 +125,7 @@ def _the_raised_batch_reaches_every_worker(kind: Kind) -> None:
     # The samples add up: V virtual nodes of the new per-node count make the chosen global batch.
     assert all(s.samples_per_virtual_node * VIRTUAL_NODES == chosen for s in last.values()), last
     assert "globalBatchSize" not in jobs.status(kind, "chatty"), "a job without maxGlobalBatchSize keeps B"
+    return chosen
 
 
 def test_helm_upgrade_to_goodput_allocates_by_the_trainers_reports_and_helm_rollback_restores_fair(
@@ -127,14 +140,18 @@ def test_helm_upgrade_to_goodput_allocates_by_the_trainers_reports_and_helm_roll
     revision = max(entry["revision"] for entry in history)
 
     # A changed value changes the Deployment's pod template: its pods are replaced, the jobs' are not.
+    phases = _Phases()
     first = release.operator_pods(kind)
     install_chart(kind, (*CHART_VALUES, "operator.policy=goodput"))
     upgraded = release.rolled(kind, first, "--policy=goodput")
     release.trains_on(kind, "steady", 20)
     assert release.job_pods(kind, "steady") == steady, "helm upgrade replaced a pod of the job"
+    phases.done("upgrade")
 
-    _goodput_allocates_by_the_reports(kind)
-    _the_raised_batch_reaches_every_worker(kind)
+    sizes = _goodput_allocates_by_the_reports(kind)
+    phases.done("sizes_held_still")
+    batch = _the_raised_batch_reaches_every_worker(kind)
+    phases.done("batch_switched")
 
     rollback = ("helm", "rollback", RELEASE, str(revision), "-n", RELEASE_NAMESPACE, "--wait")
     run(*rollback, timeout=release.REMOVAL_DEADLINE_S)
@@ -142,3 +159,5 @@ def test_helm_upgrade_to_goodput_allocates_by_the_trainers_reports_and_helm_roll
     release.trains_on(kind, "steady", 20)
     assert release.job_pods(kind, "steady") == steady, "helm rollback replaced a pod of the job"
     assert jobs.status(kind, "steady")["phase"] == "Running"
+    phases.done("rollback")
+    jobs.record_figures("goodput", {"sizes": sizes, "batch": batch, "phase_seconds": phases.seconds})
