@@ -26,6 +26,15 @@ timings=${EBBFLOW_TIMINGS:-/dev/null}
 prepare_log=$(mktemp "${TMPDIR:-/tmp}/ci-prepare-e2e.XXXXXX")
 tiers_log=$(mktemp "${TMPDIR:-/tmp}/ci-trainer-integration.XXXXXX")
 
+# CPU seconds beside the wall times (hack/ci-cpu.sh): each lane's own processes, counted by bash
+# (`times`: the children it has waited for), the kind cluster's containers, the whole machine.
+cpu_scratch=$(mktemp "${TMPDIR:-/tmp}/ci-cpu.XXXXXX")
+children_cpu() { # sets CHILDREN_CPU: CPU seconds of this shell's waited-for children so far
+  times >"$cpu_scratch"
+  CHILDREN_CPU=$(awk 'NR == 2 { split($1, u, /[ms]/); split($2, s, /[ms]/); print int(u[1] * 60 + u[2] + s[1] * 60 + s[2]) }' "$cpu_scratch")
+}
+machine_cpu_started=$(bash hack/ci-cpu.sh machine)
+
 # In their own process groups, so that a failure stops every build and test they started; the
 # cluster the preparation may have made goes too.
 test_started=$SECONDS
@@ -46,6 +55,9 @@ unit_then_tiers() {
       "${PYTEST[@]}" -n 2 -m unit --junitxml="$results/unit.xml" tests
   } >"$unit_log" 2>&1 || status=$?
   echo "lint, typecheck and unit tier: $((SECONDS - start)) s" >>"$timings"
+  children_cpu
+  local unit_cpu=$CHILDREN_CPU
+  echo "  CPU of lint, typecheck and the unit tier: $unit_cpu s" >>"$timings"
   if ((status)); then
     touch "$unit_failed"
     return "$status"
@@ -54,6 +66,8 @@ unit_then_tiers() {
   "${PYTEST[@]}" -n 2 --dist worksteal -m "trainer or integration" --junitxml="$results/trainer-integration.xml" \
     tests >"$tiers_log" 2>&1 || status=$?
   echo "trainer and integration tiers: $((SECONDS - start)) s" >>"$timings"
+  children_cpu
+  echo "  CPU of the trainer and integration tiers' processes: $((CHILDREN_CPU - unit_cpu)) s" >>"$timings"
   return "$status"
 }
 set -m # its own process group, as the preparation's
@@ -66,6 +80,9 @@ prepared=$?
 echo "--- e2e preparation (hack/ci-prepare-e2e.sh all: images, cluster), exit $prepared ---"
 cat "$prepare_log"
 echo "e2e preparation: $((SECONDS - test_started)) s" >>"$timings"
+children_cpu
+prepared_cpu=$CHILDREN_CPU
+echo "  CPU of the e2e preparation's processes (outside the kind nodes): $prepared_cpu s" >>"$timings"
 e2e_status=$prepared
 if [[ -e $unit_failed ]]; then
   echo "--- e2e tier skipped: lint, typecheck or the unit tier failed (below) ---"
@@ -74,6 +91,10 @@ elif ((prepared == 0)); then
   e2e_started=$SECONDS
   EBBFLOW_E2E_PREPARED=1 "${PYTEST[@]}" --junitxml="$results/e2e.xml" e2e || e2e_status=$?
   echo "e2e tier: $((SECONDS - e2e_started)) s" >>"$timings"
+  children_cpu
+  echo "  CPU of the e2e tier's pytest (kubectl, logs): $((CHILDREN_CPU - prepared_cpu)) s" >>"$timings"
+  echo "  CPU of the kind nodes (the set-up, the operator, Prometheus, the e2e pods):" \
+    "$(bash hack/ci-cpu.sh containers ebbflow-) s" >>"$timings"
 fi
 
 wait "$tiers"
@@ -86,5 +107,7 @@ if [[ ! -e $unit_failed ]]; then
   cat "$tiers_log"
 fi
 echo "every tier, after the virtualenv: $((SECONDS - test_started)) s" >>"$timings"
+echo "  CPU of the whole machine meanwhile: $(($(bash hack/ci-cpu.sh machine) - machine_cpu_started)) s" \
+  "of $(($(nproc) * (SECONDS - test_started))) s on $(nproc) cores" >>"$timings"
 ((tiers_status)) && exit "$tiers_status"
 exit "$e2e_status"
