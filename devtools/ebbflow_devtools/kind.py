@@ -48,8 +48,9 @@ RESTRICTED_POD_CONTEXT = {"runAsNonRoot": True, "seccompProfile": {"type": "Runt
 RESTRICTED_CONTAINER_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 # Every read through kubectl starts a process (about 0.1 s of CPU, measured, and a TLS handshake with
 # the API server): at wait_for's default of ten polls a second, a wait kept up to a core busy beside the
-# cluster it waited on. What the e2e tier and the demo wait for takes seconds to minutes.
-KUBECTL_POLL_S = 1.0
+# cluster it waited on; at one a second the e2e tier's own process still used about a quarter of CI's
+# two cores (docs/ci.md, run Q). What the e2e tier and the demo wait for takes seconds to minutes.
+KUBECTL_POLL_S = 2.0
 CHART_VALUES = (
     f"trainer.rbac.namespaces={{{DEMO_NAMESPACE},{E2E_NAMESPACE}}}",
     "operator.resyncInterval=5",
