@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import yaml
+from ebbflow_api.contract import API_GROUP, API_VERSION
 from ebbflow_devtools import trainer_logs
 from ebbflow_devtools.builders import JobBuilder
 from ebbflow_devtools.kind import (
@@ -77,7 +78,7 @@ def apply(kind: Kind, job: dict[str, Any]) -> None:
 
 
 def status(kind: Kind, name: str) -> dict[str, Any]:
-    job = kind.json("-n", E2E_NAMESPACE, "get", "elastictrainingjob", name)
+    job = kind.api.custom_object(f"{API_GROUP}/{API_VERSION}", E2E_NAMESPACE, "elastictrainingjobs", name)
     return dict(job.get("status") or {})
 
 
@@ -97,7 +98,7 @@ def wait_phase(kind: Kind, name: str, phase: str, timeout: float = JOB_DEADLINE_
 
 
 def worker_pods(kind: Kind, name: str) -> list[dict[str, Any]]:
-    pods = kind.json("-n", E2E_NAMESPACE, "get", "pods", "-l", f"ebbflow.dev/job-name={name}")["items"]
+    pods = kind.api.pods(E2E_NAMESPACE, f"ebbflow.dev/job-name={name}")
     return [p for p in pods if p["metadata"]["name"].startswith(f"{name}-worker-")]
 
 
@@ -107,7 +108,7 @@ def running_workers(kind: Kind, name: str) -> list[str]:
 
 def logs(kind: Kind, pod: str) -> str:
     try:
-        return kind.kubectl("-n", E2E_NAMESPACE, "logs", pod)
+        return kind.api.log(E2E_NAMESPACE, pod)
     except KindError:
         return ""  # not started yet, or gone
 

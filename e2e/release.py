@@ -23,7 +23,7 @@ def operator_ready(kind: Kind) -> bool:
 
 def operator_pods(kind: Kind) -> list[str]:
     """Names of the release's running operator pods."""
-    found = kind.json("--namespace", RELEASE_NAMESPACE, "get", "pods", "-l", OPERATOR_SELECTOR)["items"]
+    found = kind.api.pods(RELEASE_NAMESPACE, OPERATOR_SELECTOR)
     return sorted(
         p["metadata"]["name"]
         for p in found
@@ -42,12 +42,12 @@ def lease_holder(kind: Kind) -> str:
 def job_pods(kind: Kind, name: str) -> dict[str, str]:
     """Name -> UID of the job's pods (workers and rendezvous store)."""
     selector = f"{contract.LABEL_JOB_NAME}={name}"
-    found = kind.json("--namespace", E2E_NAMESPACE, "get", "pods", "-l", selector)["items"]
+    found = kind.api.pods(E2E_NAMESPACE, selector)
     return {p["metadata"]["name"]: p["metadata"]["uid"] for p in found}
 
 
 def operator_args(kind: Kind) -> list[list[str]]:
-    found = kind.json("--namespace", RELEASE_NAMESPACE, "get", "pods", "-l", OPERATOR_SELECTOR)["items"]
+    found = kind.api.pods(RELEASE_NAMESPACE, OPERATOR_SELECTOR)
     return [p["spec"]["containers"][0]["args"] for p in found if not p["metadata"].get("deletionTimestamp")]
 
 

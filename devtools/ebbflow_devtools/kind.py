@@ -2,9 +2,10 @@
 demo and the benchmarks: bring it up with the project's images and the fake GPU device plugin,
 install the operator's chart, and take worker nodes away and back the way a cloud does.
 
-Everything goes through the same command-line tools a user runs (`kubectl`, `kind`, `helm`, the
-scripts under hack/), with the tools from .tools/bin and hack/kind/bin's docker shim on PATH.
-A failing command raises `KindError` with its stderr; nothing here retries.
+Everything that changes the cluster goes through the same command-line tools a user runs (`kubectl`,
+`kind`, `helm`, the scripts under hack/), with the tools from .tools/bin and hack/kind/bin's docker
+shim on PATH; the reads a wait repeats go through `Kind.api`, in this process. A failing command or
+read raises `KindError` with its stderr or answer; nothing here retries.
 
 `python -m ebbflow_devtools.kind` sets the e2e cluster up as the e2e fixture does (CI
 does it beside the other tiers, hack/ci-prepare-e2e.sh); the fixture's own call then takes seconds.
@@ -19,12 +20,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlencode
 
 from ebbflow_api.contract import API_GROUP
 
+from ebbflow_devtools.api_reads import ApiReader
+from ebbflow_devtools.errors import KindError as KindError  # re-exported: callers import it from here
 from ebbflow_devtools.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,10 +49,10 @@ RESTRICTED_POD_SECURITY = {"pod-security.kubernetes.io/enforce": "restricted"}
 # What a pod needs to be admitted there (the trainer image runs as its user 65532).
 RESTRICTED_POD_CONTEXT = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 RESTRICTED_CONTAINER_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-# Every read through kubectl starts a process (about 0.1 s of CPU, measured, and a TLS handshake with
-# the API server): at wait_for's default of ten polls a second, a wait kept up to a core busy beside the
-# cluster it waited on; at one a second the e2e tier's own process still used about a quarter of CI's
-# two cores (docs/ci.md, run Q). What the e2e tier and the demo wait for takes seconds to minutes.
+# A read through kubectl starts a process (0.12 s of CPU under CI's load, measured, and a TLS handshake
+# with the API server; through `Kind.api` 0.002 s): the e2e tier's own process used about a quarter of
+# CI's two cores polling through kubectl once a second (docs/ci.md, run Q). What the e2e tier and the
+# demo wait for takes seconds to minutes.
 KUBECTL_POLL_S = 2.0
 CHART_VALUES = (
     f"trainer.rbac.namespaces={{{DEMO_NAMESPACE},{E2E_NAMESPACE}}}",
@@ -64,10 +67,6 @@ CHART_VALUES = (
 TAKEN_AWAY_TAINT = "ebbflow.dev/taken-away"
 PROMETHEUS_NAMESPACE = "monitoring"  # hack/prometheus-operator/deploy.yaml
 SETUP_TIMEOUT_S = 3600
-
-
-class KindError(RuntimeError):
-    """A command against the kind cluster failed; the message carries its stderr."""
 
 
 def environment() -> dict[str, str]:
@@ -108,6 +107,12 @@ class Kind:
     def kubectl(self, *args: str, input: str | None = None, timeout: float = 120) -> str:
         return run("kubectl", *args, input=input, timeout=timeout)
 
+    @cached_property
+    def api(self) -> ApiReader:
+        """Reads without a kubectl process each (the polls): made on first use, once the cluster's
+        kubeconfig exists."""
+        return ApiReader(KUBECONFIG)
+
     def json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json"))
 
@@ -118,7 +123,7 @@ class Kind:
         """A PromQL instant query against the cluster's Prometheus (through the API server's service
         proxy, no port-forward); the result vector."""
         path = f"/api/v1/namespaces/{PROMETHEUS_NAMESPACE}/services/prometheus:9090/proxy/api/v1/query"
-        answer = json.loads(self.kubectl("get", "--raw", f"{path}?{urlencode({'query': expression})}"))
+        answer = self.api.json(path, query=expression)
         if answer.get("status") != "success":
             raise KindError(f"Prometheus refused {expression!r}: {answer}")
         return list(answer["data"]["result"])
