@@ -112,8 +112,8 @@ def operator(kind: Kind) -> Iterator[str]:
     selector = f"app.kubernetes.io/component=operator,app.kubernetes.io/instance={RELEASE}"
     read = ("-n", RELEASE_NAMESPACE, "logs", "-l", selector, "--tail=-1", "--prefix", f"--since-time={since}")
     # A pod the selector listed may be gone before its log is read (a reinstall replacing the operator's
-    # pods): read again.
-    log = poll(lambda: kind.kubectl(*read), 120, "the operator's logs")
+    # pods): read again. (A one-tuple: an empty log is an answer too.)
+    (log,) = poll(lambda: (kind.kubectl(*read),), 120, "the operator's logs")
     refused = [line for line in log.splitlines() if "forbidden" in line.lower()]
     assert not refused, "the operator was refused by RBAC:\n" + "\n".join(refused[:10])
 
