@@ -160,6 +160,15 @@ def test_a_worker_joins_at_a_step_boundary_and_one_leaves_by_sigterm_without_los
         assert {(g["world"], g["step"], g["source"]) for g in resumed if g["generation"] == first_after} == {
             (2, left["step"], "memory")
         }
+        # The leaver recorded its departure: the survivors' round completed once both were in, without
+        # waiting out the last call.
+        joined = [
+            line
+            for n in survivors
+            for line in n.log.read_text(errors="replace").splitlines()
+            if f"joined generation {first_after} as rank" in line
+        ]
+        assert any("members known" in line for line in joined), joined
         # A durable checkpoint was written at the leave.
         checkpoints = [r["step"] for n in nodes for r in n.events("checkpoint")]
         assert left["step"] in checkpoints

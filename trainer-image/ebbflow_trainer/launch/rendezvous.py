@@ -10,6 +10,8 @@ call that never returns is taken for a lost connection (``HUNG_CALL_GRACE``).
 Invariants: generation numbers only increase over the job's life, whatever store hands them out;
 nothing the old store held is needed to continue (the workers' state is in their own memory); while
 no store answers, each call from the agent costs it at most one probe (``PROBE_TIMEOUT``).
+A round whose members are known (the last world less those that departed) completes without torch's
+last call (:mod:`.membership`); a node that leaves records its departure before it exits the round.
 Why each of these, and what was seen without them: docs/design/rendezvous.md.
 """
 
@@ -48,6 +50,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from ebbflow_trainer.config import TrainerConfig
+from ebbflow_trainer.launch import membership
 
 log = logging.getLogger(__name__)
 _GENERATION_COUNTER = "ebbflow/generation-counter"
@@ -173,6 +176,7 @@ class GenerationRendezvousHandler(RendezvousHandler):
         self._bootstrap = RendezvousStoreInfo(master_addr=config.rdzv_host, master_port=config.rdzv_port)
         self._join_timeout = config.join_timeout
         self._last_generation = 0  # the newest generation this node ran, whatever store gave it
+        self._last_world: frozenset[str] = frozenset()  # the nodes of that generation's world
         self._dropped_generation = 0  # the generation whose world this node was last dropped from
         self._round_delegate: DynamicRendezvousHandler | None = None  # the handler of the last round
         self._store: TCPStore | None = None
@@ -208,6 +212,7 @@ class GenerationRendezvousHandler(RendezvousHandler):
             keep_alive_interval=config.keep_alive_interval,  # type: ignore[arg-type]
             keep_alive_max_attempt=config.keep_alive_max_attempt,
         )
+        membership.poll_faster(delegate)
         return delegate
 
     # --- store loss ------------------------------------------------------------------------------
@@ -303,15 +308,31 @@ class GenerationRendezvousHandler(RendezvousHandler):
         store, delegate = self._store, self._delegate
         assert store is not None and delegate is not None, "joined a round without a store"
         self._raise_generation_floor(store)
-        info = delegate.next_rendezvous()
+        join = membership.KnownMembershipJoinOp(self._last_world, self._last_generation, self._departed)
+        rank, world_size, round_store = membership.join_round(delegate, join)
         self._round_delegate = delegate
-        round_store = info.store
-        if info.rank == 0:
+        if rank == 0:
             generation = store.add(_GENERATION_COUNTER, 1)
             round_store.set(_ROUND_GENERATION, str(generation))
         self._last_generation = int(round_store.get(_ROUND_GENERATION).decode())
+        self._last_world = membership.world_nodes(delegate)
+        log.info(
+            "joined generation %d as rank %d of %d%s",
+            self._last_generation,
+            rank,
+            world_size,
+            " (its members known: the last world less those that departed, no last call)"
+            if join.completed_early
+            else "",
+        )
         self.on_generation(self._last_generation)
-        return RendezvousInfo(round_store, info.rank, info.world_size, self._bootstrap)
+        return RendezvousInfo(round_store, rank, world_size, self._bootstrap)
+
+    def _departed(self, generation: int, nodes: frozenset[str]) -> frozenset[str]:
+        """Which of `nodes` recorded their departure from `generation`'s world in the store."""
+        store = self._store
+        assert store is not None, "asked about departures without a store"
+        return frozenset(n for n in nodes if store.check([membership.departure_key(generation, n)]))
 
     def _raise_generation_floor(self, store: TCPStore) -> None:
         """A new store counts generations from zero: lift its counter to the newest generation this node
@@ -365,7 +386,8 @@ class GenerationRendezvousHandler(RendezvousHandler):
         return True
 
     def leave(self) -> None:
-        """Drop this node from the rendezvous now, so the others need not wait for its heartbeats to expire.
+        """Drop this node from the rendezvous now, so the others need not wait for its heartbeats to
+        expire, and record its departure, so that their next round completes as soon as they are in.
 
         Torch has no public call for this (``shutdown`` closes the rendezvous for everyone), so this
         uses the handler's own exit operation; if torch's internals change it only logs, and the others
@@ -373,11 +395,12 @@ class GenerationRendezvousHandler(RendezvousHandler):
         store lost there is no rendezvous to leave.
         """
         self.stop_heartbeats()
-        if self._delegate is None:
+        if self._delegate is None or self._store is None:
             return
         try:
-            from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
+            if self._last_generation:
+                node = repr(self._delegate._this_node)
+                self._store.set(membership.departure_key(self._last_generation, node), "left")
             exit_op = dynamic_rendezvous._RendezvousExitOp()
             self._delegate._op_executor.run(exit_op, time.monotonic() + 10)
         except Exception as error:  # best effort by design, see the docstring

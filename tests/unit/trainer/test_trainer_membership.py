@@ -1,0 +1,122 @@
+"""A round whose members are known completes without torch's last call: the pure decision, and torch's
+join operation with it, on rendezvous states built here (no store)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from ebbflow_trainer.launch import membership
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as torch_rdzv
+
+A, B, C, D = (torch_rdzv._NodeDesc(f"10.0.0.{i}", 100 + i, 0) for i in range(1, 5))
+
+
+@pytest.mark.parametrize(
+    ("participants", "waiting", "last_world", "departed", "min_nodes", "known"),
+    [
+        pytest.param({"a", "b"}, set(), {"a", "b", "c"}, {"c"}, 2, True, id="c-left"),
+        pytest.param({"a", "b"}, set(), {"a", "b", "c"}, set(), 2, False, id="c-live-not-in-yet"),
+        pytest.param({"a", "b"}, {"d"}, {"a", "b", "c"}, {"c"}, 2, False, id="a-newcomer-waits"),
+        pytest.param({"a", "b", "d"}, set(), {"a", "b", "c"}, {"c"}, 2, True, id="c-left-d-joined"),
+        pytest.param({"a"}, set(), {"a", "b"}, {"b"}, 2, False, id="below-the-minimum"),
+        pytest.param({"a", "b"}, set(), set(), set(), 2, False, id="first-round-knows-nothing"),
+        pytest.param({"a", "b", "c"}, set(), {"a", "b", "c"}, set(), 1, True, id="everyone-back"),
+    ],
+)
+def test_membership_is_known_when_every_expected_node_is_in_and_nobody_waits(
+    participants: set[str],
+    waiting: set[str],
+    last_world: set[str],
+    departed: set[str],
+    min_nodes: int,
+    known: bool,
+) -> None:
+    assert membership.membership_known(participants, waiting, last_world, departed, min_nodes) is known
+
+
+def _context(
+    node: torch_rdzv._NodeDesc,
+    participants: list[torch_rdzv._NodeDesc],
+    *,
+    waiting: tuple[torch_rdzv._NodeDesc, ...] = (),
+    complete: bool = False,
+    min_nodes: int = 2,
+) -> torch_rdzv._RendezvousContext:
+    state = torch_rdzv._RendezvousState()
+    state.participants = {p: 0 for p in participants}
+    state.wait_list = set(waiting)
+    state.complete = complete
+    now = datetime.now(UTC)
+    state.last_heartbeats = {p: now for p in (*participants, *waiting)}
+    # The last call torch would wait out: an hour, so that only the early completion can end the round.
+    state.deadline = now + timedelta(hours=1)
+    settings = torch_rdzv.RendezvousSettings(
+        run_id="job",
+        min_nodes=min_nodes,
+        max_nodes=4,
+        timeout=torch_rdzv.RendezvousTimeout(last_call=timedelta(hours=1)),
+        keep_alive_interval=timedelta(seconds=1),
+        keep_alive_max_attempt=10,
+    )
+    return torch_rdzv._RendezvousContext(node, state, settings)
+
+
+def _departures(
+    *left: torch_rdzv._NodeDesc,
+) -> tuple[Callable[[int, frozenset[str]], frozenset[str]], list[int]]:
+    """A departure query answering that `left` departed generation 7, and the generations asked about."""
+    asked: list[int] = []
+
+    def departed(generation: int, nodes: frozenset[str]) -> frozenset[str]:
+        asked.append(generation)
+        return frozenset(n for n in nodes if generation == 7 and n in {repr(x) for x in left})
+
+    return departed, asked
+
+
+LAST_WORLD = frozenset(repr(n) for n in (A, B, C))
+
+
+@pytest.mark.parametrize(
+    ("context", "left", "action", "asks_the_store"),
+    [
+        pytest.param(_context(A, [A, B]), (C,), "MARK_RENDEZVOUS_COMPLETE", True, id="c-left-complete-now"),
+        pytest.param(_context(A, [A, B]), (), "SYNC", True, id="c-not-departed-wait-for-it"),
+        pytest.param(_context(A, [A, B], waiting=(D,)), (C,), "SYNC", False, id="newcomer-waiting"),
+        pytest.param(_context(A, [A]), (B, C), "SYNC", False, id="below-the-minimum"),
+        pytest.param(_context(A, [B]), (C,), "ADD_TO_PARTICIPANTS", False, id="not-in-yet-torch-adds"),
+        pytest.param(_context(A, [A, B], complete=True), (C,), "FINISH", False, id="complete-torch-finishes"),
+    ],
+)
+def test_the_join_operation_completes_a_known_round_and_leaves_the_rest_to_torch(
+    context: torch_rdzv._RendezvousContext,
+    left: tuple[torch_rdzv._NodeDesc, ...],
+    action: str,
+    asks_the_store: bool,
+) -> None:
+    departed, asked = _departures(*left)
+    join = membership.KnownMembershipJoinOp(LAST_WORLD, 7, departed)
+    # The context's node sent its heartbeat just now, so torch's operation has no keep-alive to send.
+    assert join(context, deadline=float("inf")) == torch_rdzv._Action[action]
+    assert join.completed_early is (action == "MARK_RENDEZVOUS_COMPLETE")
+    assert (asked == [7]) is asks_the_store
+
+
+@pytest.mark.parametrize(
+    ("asked", "slept"),
+    [
+        pytest.param(1, membership.RENDEZVOUS_POLL_S, id="torch-sync-poll-shortened"),
+        pytest.param((0, 0.3), (0, 0.3), id="first-round-jitter-kept"),
+        pytest.param(2.5, 2.5, id="other-delays-kept"),
+    ],
+)
+def test_torch_polls_a_forming_round_every_rendezvous_poll(
+    monkeypatch: pytest.MonkeyPatch, asked: float | tuple[float, float], slept: float | tuple[float, float]
+) -> None:
+    delays: list[float | tuple[float, float]] = []
+    monkeypatch.setattr(membership, "_torch_delay", delays.append)
+    assert torch_rdzv._delay is membership._poll_delay  # type: ignore[attr-defined]
+    torch_rdzv._delay(asked)  # type: ignore[attr-defined]
+    assert delays == [slept]

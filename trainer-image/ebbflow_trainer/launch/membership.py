@@ -1,0 +1,122 @@
+"""When a forming round's members are already known, complete it without waiting out the last call.
+
+Torch's dynamic rendezvous completes a round with fewer than ``max_nodes`` members only once its
+last call has passed (``--last-call-timeout`` after the round reached ``min_nodes``): it cannot know
+whether more nodes are on their way. After a graceful leave or a reported death it can: the round's
+members are the last world's nodes less those that departed, plus any node already waiting. This
+module decides that (:func:`membership_known`, pure) and runs it inside torch's join operation
+(:class:`KnownMembershipJoinOp`). Departures are recorded in the job's store under the generation
+they left (:func:`departure_key`), written by the node that leaves.
+
+Invariants: a round completes early only when every node expected is a participant and none waits
+(never without a live member of the last world that has not departed: such a member is still
+waited for, up to torch's own last call); any other state is decided by torch's operation unchanged.
+While a round forms, each node reads the shared state every ``RENDEZVOUS_POLL_S`` (torch: 1 s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Set
+
+# torch re-exports Store from a C extension without declaring it public to type checkers.
+from torch.distributed import Store  # type: ignore[attr-defined]
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+from torch.distributed.elastic.rendezvous.utils import _delay as _torch_delay
+
+# Seconds between reads of the shared state while a round forms, and how long a read is reused.
+RENDEZVOUS_POLL_S = 0.1
+_TORCH_SYNC_DELAY_S = 1  # what torch's executor sleeps between polls (`_delay(seconds=1)` on SYNC)
+
+
+def _poll_delay(seconds: float | tuple[float, float]) -> None:
+    """Torch's `_delay`, except that the executor's poll while a round forms waits RENDEZVOUS_POLL_S."""
+    _torch_delay(RENDEZVOUS_POLL_S if seconds == _TORCH_SYNC_DELAY_S else seconds)
+
+
+dynamic_rendezvous._delay = _poll_delay  # type: ignore[attr-defined]  # torch's module-level helper
+
+
+def poll_faster(delegate: DynamicRendezvousHandler) -> None:
+    """Let `delegate` re-read the shared state every RENDEZVOUS_POLL_S instead of reusing it for 1 s."""
+    # Torch keeps the holder private (typed as its abstract base) and types the duration as int; it
+    # only compares it with seconds.
+    delegate._state_holder._cache_duration = RENDEZVOUS_POLL_S  # type: ignore[attr-defined]
+
+
+def departure_key(generation: int, node: str) -> str:
+    """The store key saying that `node` (torch's node descriptor, as text) left generation's world."""
+    return f"ebbflow/departed/{generation}/{node}"
+
+
+def membership_known(
+    participants: Collection[str],
+    waiting: Collection[str],
+    last_world: Set[str],
+    departed: Set[str],
+    min_nodes: int,
+) -> bool:
+    """Whether a forming round may complete now: it has its minimum, nobody waits to join it, and
+    every node of the last world that did not depart is among its participants. Nodes are torch's
+    node descriptors as text; an empty `last_world` (a node's first round) knows nothing."""
+    if not last_world or waiting or len(participants) < min_nodes:
+        return False
+    return (last_world - departed) <= set(participants)
+
+
+class KnownMembershipJoinOp(dynamic_rendezvous._RendezvousJoinOp):
+    """Torch's join operation, which also completes the round once its membership is known.
+
+    `departed(generation, nodes)` says which of `nodes` recorded their departure from that generation.
+    """
+
+    def __init__(
+        self,
+        last_world: Set[str],
+        generation: int,
+        departed: Callable[[int, frozenset[str]], Set[str]],
+    ) -> None:
+        self._last_world = frozenset(last_world)
+        self._generation = generation
+        self._departed = departed
+        self.completed_early = False
+
+    def __call__(
+        self, ctx: dynamic_rendezvous._RendezvousContext, deadline: float
+    ) -> dynamic_rendezvous._Action:
+        state = ctx.state
+        forming = not state.closed and not state.complete and ctx.node in state.participants
+        if forming and self._known(state, ctx.settings.min_nodes):
+            self.completed_early = True
+            return dynamic_rendezvous._Action.MARK_RENDEZVOUS_COMPLETE
+        action: dynamic_rendezvous._Action = super().__call__(ctx, deadline)
+        return action
+
+    def _known(self, state: dynamic_rendezvous._RendezvousState, min_nodes: int) -> bool:
+        participants = {repr(node) for node in state.participants}
+        # A node on the wait list or the redundancy list joins this round at its next poll.
+        waiting = {repr(node) for node in (*state.wait_list, *state.redundancy_list)}
+        # Cheap checks first: the store is asked about departures only when they could decide.
+        if not membership_known(participants, waiting, self._last_world, self._last_world, min_nodes):
+            return False
+        absent = self._last_world - participants
+        departed = self._departed(self._generation, absent) if absent else frozenset()
+        return membership_known(participants, waiting, self._last_world, departed, min_nodes)
+
+
+def join_round(delegate: DynamicRendezvousHandler, op: KnownMembershipJoinOp) -> tuple[int, int, Store]:
+    """What torch's ``next_rendezvous`` does, with `op` as its join operation: leave the previous
+    round, join the next, resume heartbeats; the round's rank, world size and store."""
+    # Torch keeps these private; their behaviour is that of its next_rendezvous (torch 2.4-2.15).
+    delegate._stop_heartbeats()
+    deadline = delegate._get_deadline(delegate._settings.timeout.join)
+    delegate._op_executor.run(dynamic_rendezvous._RendezvousExitOp(), deadline)
+    delegate._op_executor.run(op, deadline, delegate._get_deadline)
+    delegate._start_heartbeats()
+    rank, world_size = delegate._get_world()
+    return rank, world_size, delegate._get_store()
+
+
+def world_nodes(delegate: DynamicRendezvousHandler) -> frozenset[str]:
+    """The members of the round `delegate` has just joined, as text."""
+    return frozenset(repr(node) for node in delegate._state_holder.state.participants)
