@@ -91,6 +91,10 @@ def test_sigkill_of_any_worker_resumes_from_memory_at_world_size_two(
         victim.kill_tree()
         survivors = [n for n in nodes if n is not victim]
         assert job.wait_all(survivors, 300) == [0, 0], job.logs()
+        # The survivors found the victim gone (its launcher's liveness port refused them) instead of
+        # waiting out its heartbeats.
+        found_gone = [n for n in survivors if "liveness port" in n.log.read_text(errors="replace")]
+        assert found_gone, job.logs()
 
         before = max(g["generation"] for n in survivors for g in _generations(n) if g["world"] == 3)
         after = [g for n in survivors for g in _generations(n) if g["generation"] > before]

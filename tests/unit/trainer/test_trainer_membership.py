@@ -3,7 +3,6 @@ join operation with it, on rendezvous states built here (no store)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -63,17 +62,23 @@ def _context(
     return torch_rdzv._RendezvousContext(node, state, settings)
 
 
-def _departures(
-    *left: torch_rdzv._NodeDesc,
-) -> tuple[Callable[[int, frozenset[str]], frozenset[str]], list[int]]:
-    """A departure query answering that `left` departed generation 7, and the generations asked about."""
-    asked: list[int] = []
+class FakeDepartures:
+    """Departures from generation 7: `left` recorded, `dead` found gone when asked; the calls made."""
 
-    def departed(generation: int, nodes: frozenset[str]) -> frozenset[str]:
-        asked.append(generation)
-        return frozenset(n for n in nodes if generation == 7 and n in {repr(x) for x in left})
+    def __init__(
+        self, left: tuple[torch_rdzv._NodeDesc, ...] = (), dead: tuple[torch_rdzv._NodeDesc, ...] = ()
+    ):
+        self.left = {repr(n) for n in left}
+        self.dead = {repr(n) for n in dead}
+        self.asked: list[str] = []
 
-    return departed, asked
+    def recorded(self, generation: int, nodes: frozenset[str]) -> frozenset[str]:
+        self.asked.append("recorded")
+        return frozenset(n for n in nodes if generation == 7 and n in self.left)
+
+    def confirm_gone(self, generation: int, nodes: frozenset[str]) -> frozenset[str]:
+        self.asked.append("confirm_gone")
+        return frozenset(n for n in nodes if generation == 7 and n in self.left | self.dead)
 
 
 LAST_WORLD = frozenset(repr(n) for n in (A, B, C))
@@ -96,12 +101,46 @@ def test_the_join_operation_completes_a_known_round_and_leaves_the_rest_to_torch
     action: str,
     asks_the_store: bool,
 ) -> None:
-    departed, asked = _departures(*left)
-    join = membership.KnownMembershipJoinOp(LAST_WORLD, 7, departed)
+    departures = FakeDepartures(left)
+    join = membership.KnownMembershipJoinOp(LAST_WORLD, 7, departures)
     # The context's node sent its heartbeat just now, so torch's operation has no keep-alive to send.
     assert join(context, deadline=float("inf")) == torch_rdzv._Action[action]
     assert join.completed_early is (action == "MARK_RENDEZVOUS_COMPLETE")
-    assert (asked == [7]) is asks_the_store
+    assert (departures.asked == ["recorded"]) is asks_the_store
+
+
+def test_a_member_found_gone_is_removed_from_the_round_its_survivors_wait_on() -> None:
+    """A and B left their world of three after C died; the round still holds C, complete."""
+    context = _context(A, [C], complete=True)
+    departures = FakeDepartures(dead=(C,))
+    join = membership.KnownMembershipJoinOp(LAST_WORLD, 7, departures)
+    assert join(context, deadline=float("inf")) == torch_rdzv._Action.KEEP_ALIVE  # torch writes the state
+    state = context.state
+    assert (state.participants, state.complete, state.round, join.removed) == ({}, False, 1, {repr(C)})
+    assert C not in state.last_heartbeats
+    # The next round forms: A joins it.
+    assert join(context, deadline=float("inf")) == torch_rdzv._Action.ADD_TO_PARTICIPANTS
+
+
+@pytest.mark.parametrize(
+    ("participants", "dead", "asks"),
+    [
+        pytest.param([C], (), 1, id="alive-straggler-stays"),
+        pytest.param([D], (D,), 0, id="not-of-the-last-world-never-asked"),
+    ],
+)
+def test_a_straggler_not_found_gone_is_left_to_torch_and_asked_about_at_most_every_interval(
+    participants: list[torch_rdzv._NodeDesc], dead: tuple[torch_rdzv._NodeDesc, ...], asks: int
+) -> None:
+    context = _context(A, participants, complete=True)
+    departures = FakeDepartures(dead=dead)
+    join = membership.KnownMembershipJoinOp(LAST_WORLD, 7, departures)
+    assert join(context, deadline=float("inf")) == torch_rdzv._Action.ADD_TO_WAIT_LIST
+    context.state.wait_list.add(A)  # what torch's executor does with that action
+    # Asked again within the interval: torch's operation polls, nobody is probed again.
+    assert join(context, deadline=float("inf")) == torch_rdzv._Action.SYNC
+    assert [repr(p) for p in context.state.participants] == [repr(p) for p in participants]
+    assert departures.asked == ["confirm_gone"] * asks
 
 
 @pytest.mark.parametrize(

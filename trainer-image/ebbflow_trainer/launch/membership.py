@@ -6,17 +6,23 @@ whether more nodes are on their way. After a graceful leave or a reported death 
 members are the last world's nodes less those that departed, plus any node already waiting. This
 module decides that (:func:`membership_known`, pure) and runs it inside torch's join operation
 (:class:`KnownMembershipJoinOp`). Departures are recorded in the job's store under the generation
-they left (:func:`departure_key`), written by the node that leaves.
+they left (:func:`departure_key`): by the node that leaves, or by a survivor that found it gone (its
+launcher's liveness port refused, :mod:`.liveness`); the survivor then removes it from the round it
+waits on at once, as torch would after its heartbeats expired.
 
 Invariants: a round completes early only when every node expected is a participant and none waits
 (never without a live member of the last world that has not departed: such a member is still
-waited for, up to torch's own last call); any other state is decided by torch's operation unchanged.
+waited for, up to torch's own last call); a node is removed only on a recorded departure or a
+refused liveness port; any other state is decided by torch's operation unchanged.
 While a round forms, each node reads the shared state every ``RENDEZVOUS_POLL_S`` (torch: 1 s).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Set
+import logging
+import time
+from collections.abc import Collection, Set
+from typing import Protocol
 
 # torch re-exports Store from a C extension without declaring it public to type checkers.
 from torch.distributed import Store  # type: ignore[attr-defined]
@@ -24,8 +30,14 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 from torch.distributed.elastic.rendezvous.utils import _delay as _torch_delay
 
+from ebbflow_trainer.launch import liveness
+
+log = logging.getLogger(__name__)
+
 # Seconds between reads of the shared state while a round forms, and how long a read is reused.
 RENDEZVOUS_POLL_S = 0.1
+# Seconds between two checks of the same waiting node's liveness (each a store read and a probe).
+LIVENESS_CHECK_INTERVAL_S = 0.5
 _TORCH_SYNC_DELAY_S = 1  # what torch's executor sleeps between polls (`_delay(seconds=1)` on SYNC)
 
 
@@ -64,33 +76,94 @@ def membership_known(
     return (last_world - departed) <= set(participants)
 
 
+class Departures(Protocol):
+    """What the job's store says about nodes of a generation's world (see the handler)."""
+
+    def recorded(self, generation: int, nodes: frozenset[str]) -> frozenset[str]:
+        """Those of `nodes` whose departure from `generation` is recorded."""
+        ...
+
+    def confirm_gone(self, generation: int, nodes: frozenset[str]) -> frozenset[str]:
+        """Those of `nodes` whose departure is recorded or whose launcher is found gone now (then
+        recorded, with the evidence)."""
+        ...
+
+
+class StoreDepartures:
+    """Departures as the job's store records them; a node found gone is recorded there first."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def recorded(self, generation: int, nodes: frozenset[str]) -> frozenset[str]:
+        return frozenset(n for n in nodes if self._store.check([departure_key(generation, n)]))
+
+    def confirm_gone(self, generation: int, nodes: frozenset[str]) -> frozenset[str]:
+        recorded = self.recorded(generation, nodes)
+        found = frozenset(n for n in nodes - recorded if self._found_gone(generation, n))
+        return recorded | found
+
+    def _found_gone(self, generation: int, node: str) -> bool:
+        key = liveness.liveness_key(node)
+        if not self._store.check([key]):
+            return False  # it published no liveness address: no evidence either way
+        address = self._store.get(key).decode()
+        if not liveness.refused(address):
+            return False
+        evidence = f"its launcher's liveness port {address} refused a connection"
+        self._store.set(departure_key(generation, node), f"gone: {evidence}")
+        log.warning(
+            "node %s of generation %d is gone (%s): removing it from the rendezvous without waiting "
+            "for its heartbeats to expire",
+            node,
+            generation,
+            evidence,
+        )
+        return True
+
+
 class KnownMembershipJoinOp(dynamic_rendezvous._RendezvousJoinOp):
-    """Torch's join operation, which also completes the round once its membership is known.
+    """Torch's join operation, which also removes the last world's members found gone from the round
+    it waits on, and completes a forming round once its membership is known."""
 
-    `departed(generation, nodes)` says which of `nodes` recorded their departure from that generation.
-    """
-
-    def __init__(
-        self,
-        last_world: Set[str],
-        generation: int,
-        departed: Callable[[int, frozenset[str]], Set[str]],
-    ) -> None:
+    def __init__(self, last_world: Set[str], generation: int, departures: Departures) -> None:
         self._last_world = frozenset(last_world)
         self._generation = generation
-        self._departed = departed
+        self._departures = departures
+        self._next_check = 0.0  # monotonic time of the next liveness check of stragglers
         self.completed_early = False
+        self.removed: frozenset[str] = frozenset()  # the nodes this operation found gone
 
     def __call__(
         self, ctx: dynamic_rendezvous._RendezvousContext, deadline: float
     ) -> dynamic_rendezvous._Action:
         state = ctx.state
+        if state.complete and ctx.node not in state.participants and self._remove_gone(ctx):
+            return dynamic_rendezvous._Action.KEEP_ALIVE  # torch's executor then writes the state
         forming = not state.closed and not state.complete and ctx.node in state.participants
         if forming and self._known(state, ctx.settings.min_nodes):
             self.completed_early = True
             return dynamic_rendezvous._Action.MARK_RENDEZVOUS_COMPLETE
         action: dynamic_rendezvous._Action = super().__call__(ctx, deadline)
         return action
+
+    def _remove_gone(self, ctx: dynamic_rendezvous._RendezvousContext) -> bool:
+        """The round this node waits on still holds members of its last world: remove those found
+        gone, as torch removes a node whose heartbeats expired; whether any was."""
+        state = ctx.state
+        stragglers = {repr(node): node for node in state.participants if repr(node) in self._last_world}
+        if not stragglers or time.monotonic() < self._next_check:
+            return False
+        self._next_check = time.monotonic() + LIVENESS_CHECK_INTERVAL_S
+        gone = self._departures.confirm_gone(self._generation, frozenset(stragglers))
+        for name in gone:
+            del state.participants[stragglers[name]]
+            state.last_heartbeats.pop(stragglers[name], None)
+        if not gone:
+            return False
+        dynamic_rendezvous._remove_participant_epilogue(state, ctx.settings)
+        self.removed |= gone
+        return True
 
     def _known(self, state: dynamic_rendezvous._RendezvousState, min_nodes: int) -> bool:
         participants = {repr(node) for node in state.participants}
@@ -100,7 +173,7 @@ class KnownMembershipJoinOp(dynamic_rendezvous._RendezvousJoinOp):
         if not membership_known(participants, waiting, self._last_world, self._last_world, min_nodes):
             return False
         absent = self._last_world - participants
-        departed = self._departed(self._generation, absent) if absent else frozenset()
+        departed = self._departures.recorded(self._generation, absent) if absent else frozenset()
         return membership_known(participants, waiting, self._last_world, departed, min_nodes)
 
 

@@ -11,7 +11,8 @@ Invariants: generation numbers only increase over the job's life, whatever store
 nothing the old store held is needed to continue (the workers' state is in their own memory); while
 no store answers, each call from the agent costs it at most one probe (``PROBE_TIMEOUT``).
 A round whose members are known (the last world less those that departed) completes without torch's
-last call (:mod:`.membership`); a node that leaves records its departure before it exits the round.
+last call (:mod:`.membership`); a node that leaves records its departure before it exits the round,
+and one that dies is found gone by the survivors through its liveness port (:mod:`.liveness`).
 Why each of these, and what was seen without them: docs/design/rendezvous.md.
 """
 
@@ -50,7 +51,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from ebbflow_trainer.config import TrainerConfig
-from ebbflow_trainer.launch import membership
+from ebbflow_trainer.launch import liveness, membership
 
 log = logging.getLogger(__name__)
 _GENERATION_COUNTER = "ebbflow/generation-counter"
@@ -184,6 +185,8 @@ class GenerationRendezvousHandler(RendezvousHandler):
         # When the store was found gone (None while it answers); a pod may also start before its store.
         self._lost_since: float | None = time.monotonic()
         self._probe_error: OSError | None = None  # why the last probe found no store
+        # Open while this launcher runs: peers that lost it in a collective find it gone here.
+        self._liveness = liveness.LivenessEndpoint(liveness.node_address(config.node_addr))
         if not self._reconnect():
             log.warning(
                 "no rendezvous store answers at %s yet (%s); waiting up to %.0f s (--store-loss-timeout)",
@@ -247,6 +250,7 @@ class GenerationRendezvousHandler(RendezvousHandler):
         try:
             store = connect(config, config.store_timeout, connect_timeout=CONNECT_TIMEOUT)
             delegate = self._new_delegate(store)
+            store.set(liveness.liveness_key(repr(delegate._this_node)), self._liveness.address)
         except (RuntimeError, RendezvousError) as error:  # e.g. it went away again meanwhile
             log.info("a store answers at %s, but connecting failed (%s)", config.rdzv_endpoint, error)
             return False
@@ -308,7 +312,8 @@ class GenerationRendezvousHandler(RendezvousHandler):
         store, delegate = self._store, self._delegate
         assert store is not None and delegate is not None, "joined a round without a store"
         self._raise_generation_floor(store)
-        join = membership.KnownMembershipJoinOp(self._last_world, self._last_generation, self._departed)
+        departures = membership.StoreDepartures(store)
+        join = membership.KnownMembershipJoinOp(self._last_world, self._last_generation, departures)
         rank, world_size, round_store = membership.join_round(delegate, join)
         self._round_delegate = delegate
         if rank == 0:
@@ -325,14 +330,12 @@ class GenerationRendezvousHandler(RendezvousHandler):
             if join.completed_early
             else "",
         )
+        if join.removed:
+            log.info(
+                "generation %d formed without %s, found gone", self._last_generation, sorted(join.removed)
+            )
         self.on_generation(self._last_generation)
         return RendezvousInfo(round_store, rank, world_size, self._bootstrap)
-
-    def _departed(self, generation: int, nodes: frozenset[str]) -> frozenset[str]:
-        """Which of `nodes` recorded their departure from `generation`'s world in the store."""
-        store = self._store
-        assert store is not None, "asked about departures without a store"
-        return frozenset(n for n in nodes if store.check([membership.departure_key(generation, n)]))
 
     def _raise_generation_floor(self, store: TCPStore) -> None:
         """A new store counts generations from zero: lift its counter to the newest generation this node

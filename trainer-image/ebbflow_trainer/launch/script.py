@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import runpy
-import socket
 import sys
 import time
 import traceback
@@ -31,6 +30,7 @@ from ebbflow_api import contract
 from torch.distributed import Store, TCPStore  # type: ignore[attr-defined]
 
 from ebbflow_trainer.config import TrainerConfig
+from ebbflow_trainer.launch.liveness import node_address
 from ebbflow_trainer.launch.rendezvous import generation_store
 from ebbflow_trainer.termination import write_termination_message
 
@@ -40,12 +40,6 @@ _ADDRESS_KEY = "script/master"
 _FINISHED_KEY = "script/finished"
 STORE_LINGER_SECONDS = 30.0
 log = logging.getLogger(__name__)
-
-
-def node_address(config: TrainerConfig) -> str:
-    """The address the other workers reach this node at: --node-addr, else the IP its hostname
-    resolves to (a pod's own IP, from the hosts file the kubelet writes)."""
-    return config.node_addr or socket.gethostbyname(socket.gethostname())
 
 
 def world_store_address(
@@ -59,7 +53,7 @@ def world_store_address(
     server = TCPStore(
         "0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=config.store_timeout)
     )
-    host = node_address(config)
+    host = node_address(config.node_addr)
     job_store.set(_ADDRESS_KEY, f"{host}:{server.port}")
     return host, server.port, server
 
