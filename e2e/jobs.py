@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 import yaml
-from ebbflow_api.contract import API_GROUP, API_VERSION
+from ebbflow_api.contract import API_GROUP, API_VERSION, LABEL_JOB_NAME
 from ebbflow_devtools import trainer_logs
 from ebbflow_devtools.builders import JobBuilder
 from ebbflow_devtools.kind import (
@@ -80,6 +80,14 @@ def apply(kind: Kind, job: dict[str, Any]) -> None:
 def status(kind: Kind, name: str) -> dict[str, Any]:
     job = kind.api.custom_object(f"{API_GROUP}/{API_VERSION}", E2E_NAMESPACE, "elastictrainingjobs", name)
     return dict(job.get("status") or {})
+
+
+def remove(kind: Kind, *names: str) -> None:
+    """Delete the jobs, then give their pods one second to stop, as the namespace fixture does at a
+    test's end (a graceful leave would hand a state over to nobody)."""
+    kind.kubectl("-n", E2E_NAMESPACE, "delete", "elastictrainingjobs", *names, timeout=300)
+    selector = f"{LABEL_JOB_NAME} in ({','.join(names)})"
+    kind.kubectl("-n", E2E_NAMESPACE, "delete", "pods", "-l", selector, "--grace-period=1", "--wait=false")
 
 
 def describe(kind: Kind) -> str:

@@ -155,7 +155,7 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
         return EXIT_STORE_LOST
     finally:
         # Before the interpreter exits: see GenerationRendezvousHandler.stop_heartbeats.
-        handler.stop_heartbeats()
+        handler.close()
     # None: torch's agent swallowed a graceful exit from a closed rendezvous (a node that waited as a
     # spare in a full world): the job is done.
     return contract.EXIT_SUCCESS if result is None or result.state == WorkerState.SUCCEEDED else 1

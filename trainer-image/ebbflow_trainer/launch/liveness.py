@@ -20,6 +20,7 @@ import socket
 import threading
 
 PROBE_TIMEOUT_S = 0.5
+CLOSE_TIMEOUT_S = 1.0  # for the accepting thread to return once its socket is shut down
 
 
 def node_address(node_addr: str) -> str:
@@ -40,7 +41,10 @@ class LivenessEndpoint:
     def __init__(self, host: str) -> None:
         self._socket = socket.create_server(("", 0), backlog=64)
         self.address = f"{host}:{self._socket.getsockname()[1]}"
-        threading.Thread(target=self._accept_and_close, name="liveness endpoint", daemon=True).start()
+        self._acceptor = threading.Thread(
+            target=self._accept_and_close, name="liveness endpoint", daemon=True
+        )
+        self._acceptor.start()
 
     def _accept_and_close(self) -> None:
         while True:
@@ -56,6 +60,7 @@ class LivenessEndpoint:
         with contextlib.suppress(OSError):
             self._socket.shutdown(socket.SHUT_RDWR)
         self._socket.close()
+        self._acceptor.join(timeout=CLOSE_TIMEOUT_S)
 
 
 def refused(address: str) -> bool:

@@ -312,6 +312,7 @@ class GenerationRendezvousHandler(RendezvousHandler):
         store, delegate = self._store, self._delegate
         assert store is not None and delegate is not None, "joined a round without a store"
         self._raise_generation_floor(store)
+        log.info("node %s attempts to join the next round of the rendezvous", delegate._this_node)
         departures = membership.StoreDepartures(store)
         join = membership.KnownMembershipJoinOp(self._last_world, self._last_generation, departures)
         rank, world_size, round_store = membership.join_round(delegate, join)
@@ -434,6 +435,12 @@ class GenerationRendezvousHandler(RendezvousHandler):
         """
         if self._delegate is not None:
             self._delegate._stop_heartbeats()
+
+    def close(self) -> None:
+        """This launcher is done: stop the heartbeats (see stop_heartbeats) and close the liveness
+        port, whose peers may now take this node for gone."""
+        self.stop_heartbeats()
+        self._liveness.close()
 
     def get_backend(self) -> str:
         return "c10d"
