@@ -39,6 +39,7 @@ RENDEZVOUS_POLL_S = 0.1
 # Seconds between two checks of the same waiting node's liveness (each a store read and a probe).
 LIVENESS_CHECK_INTERVAL_S = 0.5
 _TORCH_SYNC_DELAY_S = 1  # what torch's executor sleeps between polls (`_delay(seconds=1)` on SYNC)
+_TORCH_STATE_READ_REUSE_S = 1  # how long torch's state holder reuses a read (its cache_duration)
 
 
 def _poll_delay(seconds: float | tuple[float, float]) -> None:
@@ -47,13 +48,6 @@ def _poll_delay(seconds: float | tuple[float, float]) -> None:
 
 
 dynamic_rendezvous._delay = _poll_delay  # type: ignore[attr-defined]  # torch's module-level helper
-
-
-def poll_faster(delegate: DynamicRendezvousHandler) -> None:
-    """Let `delegate` re-read the shared state every RENDEZVOUS_POLL_S instead of reusing it for 1 s."""
-    # Torch keeps the holder private (typed as its abstract base) and types the duration as int; it
-    # only compares it with seconds.
-    delegate._state_holder._cache_duration = RENDEZVOUS_POLL_S  # type: ignore[attr-defined]
 
 
 def departure_key(generation: int, node: str) -> str:
@@ -183,8 +177,16 @@ def join_round(delegate: DynamicRendezvousHandler, op: KnownMembershipJoinOp) ->
     # Torch keeps these private; their behaviour is that of its next_rendezvous (torch 2.4-2.15).
     delegate._stop_heartbeats()
     deadline = delegate._get_deadline(delegate._settings.timeout.join)
-    delegate._op_executor.run(dynamic_rendezvous._RendezvousExitOp(), deadline)
-    delegate._op_executor.run(op, deadline, delegate._get_deadline)
+    # While the round forms, each poll reads the state afresh (torch reuses a read for 1 s); the
+    # agent's polls while a world trains keep torch's pace. Torch types the duration as int; it only
+    # compares it with seconds.
+    holder = delegate._state_holder
+    holder._cache_duration = RENDEZVOUS_POLL_S  # type: ignore[attr-defined]
+    try:
+        delegate._op_executor.run(dynamic_rendezvous._RendezvousExitOp(), deadline)
+        delegate._op_executor.run(op, deadline, delegate._get_deadline)
+    finally:
+        holder._cache_duration = _TORCH_STATE_READ_REUSE_S  # type: ignore[attr-defined]
     delegate._start_heartbeats()
     rank, world_size = delegate._get_world()
     return rank, world_size, delegate._get_store()

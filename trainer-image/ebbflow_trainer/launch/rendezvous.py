@@ -215,7 +215,6 @@ class GenerationRendezvousHandler(RendezvousHandler):
             keep_alive_interval=config.keep_alive_interval,  # type: ignore[arg-type]
             keep_alive_max_attempt=config.keep_alive_max_attempt,
         )
-        membership.poll_faster(delegate)
         return delegate
 
     # --- store loss ------------------------------------------------------------------------------
