@@ -30,16 +30,31 @@ tiers_log=$(mktemp "${TMPDIR:-/tmp}/ci-trainer-integration.XXXXXX")
 # (`times`: the children it has waited for), the kind cluster's containers, the whole machine.
 cpu_scratch=$(mktemp "${TMPDIR:-/tmp}/ci-cpu.XXXXXX")
 children_cpu() { # sets CHILDREN_CPU: CPU seconds of this shell's waited-for children so far
-  times >"$cpu_scratch"
-  CHILDREN_CPU=$(awk 'NR == 2 { split($1, u, /[ms]/); split($2, s, /[ms]/); print int(u[1] * 60 + u[2] + s[1] * 60 + s[2]) }' "$cpu_scratch")
+  # `times` in a command substitution would count that subshell's children: through a file per shell.
+  local file="$cpu_scratch.$BASHPID"
+  times >"$file"
+  CHILDREN_CPU=$(awk 'NR == 2 { split($1, u, /[ms]/); split($2, s, /[ms]/); print int(u[1] * 60 + u[2] + s[1] * 60 + s[2]) }' "$file")
+}
+# A lane's CPU is counted in a subshell of its own: this shell also reaps the other lane when it ends,
+# and its `times` would add that lane's processes to whichever step it measured next.
+cpu_of() { # cpu_of FILE COMMAND...: run COMMAND (in a subshell); the CPU seconds of its processes to FILE
+  local file=$1 status=0
+  shift
+  "$@" || status=$?
+  children_cpu
+  echo "$CHILDREN_CPU" >"$file"
+  return "$status"
 }
 machine_cpu_started=$(bash hack/ci-cpu.sh machine)
 
 # In their own process groups, so that a failure stops every build and test they started; the
 # cluster the preparation may have made goes too.
 test_started=$SECONDS
-setsid bash hack/ci-prepare-e2e.sh all >"$prepare_log" 2>&1 &
+prepare_cpu="$cpu_scratch.prepare"
+set -m # its own process group
+(cpu_of "$prepare_cpu" bash hack/ci-prepare-e2e.sh all) >"$prepare_log" 2>&1 &
 prepare=$!
+set +m
 tiers=""
 trap 'kill -- -"$prepare" 2>/dev/null; [[ -n $tiers ]] && kill -- -"$tiers" 2>/dev/null;
   bash hack/kind/down.sh >/dev/null 2>&1' EXIT
@@ -80,19 +95,17 @@ prepared=$?
 echo "--- e2e preparation (hack/ci-prepare-e2e.sh all: images, cluster), exit $prepared ---"
 cat "$prepare_log"
 echo "e2e preparation: $((SECONDS - test_started)) s" >>"$timings"
-children_cpu
-prepared_cpu=$CHILDREN_CPU
-echo "  CPU of the e2e preparation's processes (outside the kind nodes): $prepared_cpu s" >>"$timings"
+echo "  CPU of the e2e preparation's processes (outside the kind nodes): $(cat "$prepare_cpu") s" >>"$timings"
 e2e_status=$prepared
 if [[ -e $unit_failed ]]; then
   echo "--- e2e tier skipped: lint, typecheck or the unit tier failed (below) ---"
 elif ((prepared == 0)); then
   # The preparation set the cluster up from this commit: the e2e fixture does not check it again.
   e2e_started=$SECONDS
-  EBBFLOW_E2E_PREPARED=1 "${PYTEST[@]}" --junitxml="$results/e2e.xml" e2e || e2e_status=$?
+  e2e_cpu="$cpu_scratch.e2e"
+  (cpu_of "$e2e_cpu" env EBBFLOW_E2E_PREPARED=1 "${PYTEST[@]}" --junitxml="$results/e2e.xml" e2e) || e2e_status=$?
   echo "e2e tier: $((SECONDS - e2e_started)) s" >>"$timings"
-  children_cpu
-  echo "  CPU of the e2e tier's pytest (kubectl, logs): $((CHILDREN_CPU - prepared_cpu)) s" >>"$timings"
+  echo "  CPU of the e2e tier's pytest (kubectl, helm, logs): $(cat "$e2e_cpu") s" >>"$timings"
   echo "  CPU of the kind nodes (the set-up, the operator, Prometheus, the e2e pods):" \
     "$(bash hack/ci-cpu.sh containers ebbflow-) s" >>"$timings"
 fi
