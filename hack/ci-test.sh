@@ -3,15 +3,13 @@
 #
 # Two lanes after the virtualenv: (1) lint, typecheck, the unit tier, then the trainer and
 # integration tiers (two tests at a time); (2) everything the e2e tier needs, prepared in the
-# background from the start (hack/ci-prepare-e2e.sh all: the images, then the kind cluster), then
-# the e2e tier as soon as that is ready, which does not check the set-up again
-# (EBBFLOW_E2E_PREPARED). The e2e tier is the longest step: it starts when its cluster is ready, not
-# when the unit tier ends. The tiers mostly wait (sleeps standing in for device time, rendezvous
-# rounds, the API server, the kubelets), so side by side they share the two cores. Lane 1's output
-# is printed once the e2e tier ends (not interleaved with it). Why this order, and what each step
-# took: docs/ci.md.
+# background from the start (hack/ci-prepare-e2e.sh all: the images, then the kind cluster). The e2e
+# tier runs once both are done, on a machine that does nothing else, and does not check the set-up
+# again (EBBFLOW_E2E_PREPARED): beside the trainer and integration tiers it took about twice as long
+# (its pods start, import torch and form worlds on the cores those tiers use), and the whole run
+# longer than one after the other. Why this order, and what each step took: docs/ci.md.
 # Exit status: the first failure's (lint, typecheck, unit, then trainer/integration, then e2e); a
-# failed lint, typecheck or unit tier skips the e2e tier when it has not started yet.
+# failed lint, typecheck or unit tier skips the e2e tier.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -96,9 +94,18 @@ echo "--- e2e preparation (hack/ci-prepare-e2e.sh all: images, cluster), exit $p
 cat "$prepare_log"
 echo "e2e preparation: $((SECONDS - test_started)) s" >>"$timings"
 echo "  CPU of the e2e preparation's processes (outside the kind nodes): $(cat "$prepare_cpu") s" >>"$timings"
+wait "$tiers"
+tiers_status=$?
+tiers=""
+echo "--- lint, typecheck and unit tier ---"
+cat "$unit_log"
+if [[ ! -e $unit_failed ]]; then
+  echo "--- trainer and integration tiers, exit $tiers_status ---"
+  cat "$tiers_log"
+fi
 e2e_status=$prepared
 if [[ -e $unit_failed ]]; then
-  echo "--- e2e tier skipped: lint, typecheck or the unit tier failed (below) ---"
+  echo "--- e2e tier skipped: lint, typecheck or the unit tier failed (above) ---"
 elif ((prepared == 0)); then
   # The preparation set the cluster up from this commit: the e2e fixture does not check it again.
   e2e_started=$SECONDS
@@ -108,16 +115,6 @@ elif ((prepared == 0)); then
   echo "  CPU of the e2e tier's pytest (kubectl, helm, logs): $(cat "$e2e_cpu") s" >>"$timings"
   echo "  CPU of the kind nodes (the set-up, the operator, Prometheus, the e2e pods):" \
     "$(bash hack/ci-cpu.sh containers ebbflow-) s" >>"$timings"
-fi
-
-wait "$tiers"
-tiers_status=$?
-tiers=""
-echo "--- lint, typecheck and unit tier ---"
-cat "$unit_log"
-if [[ ! -e $unit_failed ]]; then
-  echo "--- trainer and integration tiers, exit $tiers_status ---"
-  cat "$tiers_log"
 fi
 echo "every tier, after the virtualenv: $((SECONDS - test_started)) s" >>"$timings"
 echo "  CPU of the whole machine meanwhile: $(($(bash hack/ci-cpu.sh machine) - machine_cpu_started)) s" \
