@@ -2,14 +2,18 @@
 
 Scenario (both sides): three nodes, nnodes 2:3, c10d rendezvous, gloo on CPU, ~40 ms per step;
 once all three train, one node's whole process tree is killed (SIGKILL, as a pod deletion past its
-grace period), or its main process gets SIGTERM. The pause is the gap between the last step completed
-before the change and the first step completed after it, seen by a survivor.
+grace period), or its main process gets SIGTERM; or two train and a third joins. The pause is the
+gap between the last step completed before the change and the first step completed after it, seen by
+a survivor.
 
 Stock torchrun hosts the c10d store in the first agent, so the baseline never kills that node.
 
-    .venv/bin/python bench/trainer_rescale.py [--scenario sigkill|sigterm] [--repeats 1]
+    .venv/bin/python bench/trainer_rescale.py [--scenario sigkill|sigterm|join] [--repeats 5]
+        [--systems ebbflow torchrun]
 
-Prints one JSON line per measurement and the ratio stock / Ebbflow.
+A join: two nodes train, a third starts; the pause counts from its launcher's first join attempt
+(its imports done), as a pod the operator started ahead of need. Prints one JSON line per
+measurement, then each system's median and range and the ratio of the medians, stock / Ebbflow.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import time
 from itertools import pairwise
 from pathlib import Path
 
-from ebbflow_devtools.testing.trainer_cluster import Node, running_job
+from ebbflow_devtools.testing.trainer_cluster import Job, Node, running_job
 from ebbflow_devtools.waiting import wait_for
 
 STEP_SECONDS = 0.04
@@ -94,6 +98,8 @@ def measure_ebbflow(scenario: str, root: Path) -> float:
     # Production defaults (the test harness lengthens the last call for busy CI machines).
     args = ["--simulated-vnode-seconds", str(STEP_SECONDS / 2), "--last-call-timeout", "1"]
     with running_job(root, min_replicas=2, max_replicas=3, steps=100000, extra_args=args) as job:
+        if scenario == "join":
+            return _ebbflow_join(job)
         nodes = [job.start_node() for _ in range(3)]
         wait_for(lambda: all((n.last_step() or {}).get("world") == 3 for n in nodes), 300, "world of 3")
         victim = next(n for n in nodes if (n.last_step() or {}).get("rank") == 1)
@@ -104,13 +110,29 @@ def measure_ebbflow(scenario: str, root: Path) -> float:
         return _pause(survivor.journal, changed_at)
 
 
+def _ebbflow_join(job: Job) -> float:
+    """Two nodes train; a third starts. The survivors' pause from the moment the newcomer's launcher
+    asks to join (its imports done: the operator starts pods ahead of need on a real cluster)."""
+    nodes = [job.start_node() for _ in range(2)]
+    wait_for(lambda: all((n.last_step() or {}).get("world") == 2 for n in nodes), 300, "world of 2")
+    newcomer = job.start_node()
+    wait_for(
+        lambda: "attempts to join" in newcomer.log.read_text(errors="replace"), 300, "the newcomer ready"
+    )
+    asked_at = time.time()
+    wait_for(lambda: _trained_after(nodes[0].journal, 3, asked_at), 300, "a step at world size 3")
+    return _pause(nodes[0].journal, asked_at)
+
+
 def measure_torchrun(scenario: str, root: Path) -> float:
     script = root / "baseline.py"
     script.write_text(BASELINE_SCRIPT)
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     nodes: list[Node] = []
-    for index in range(3):
+
+    def start_agent() -> Node:
+        index = len(nodes)
         journal = root / f"baseline{index}.jsonl"
         log = open(root / f"baseline{index}.log", "wb")  # noqa: SIM115 - closed with the process
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2:3", "--nproc-per-node", "1"]
@@ -122,19 +144,29 @@ def measure_torchrun(scenario: str, root: Path) -> float:
         nodes.append(Node(f"baseline{index}", process, root, journal, root / f"baseline{index}.log"))
         if index == 0:  # the first agent hosts the store; the others dial it
             wait_for(lambda: _listening(port), 120, "the first agent's store")
+        return nodes[-1]
+
     try:
-        wait_for(lambda: all(_last_world(n.journal) == 3 for n in nodes), 300, "stock world of 3")
-        victim, survivor = nodes[2], nodes[1]  # nodes[0] hosts the store
+        for _ in range(2 if scenario == "join" else 3):
+            start_agent()
+        size = len(nodes)
+        wait_for(lambda: all(_last_world(n.journal) == size for n in nodes), 300, f"stock world of {size}")
+        survivor = nodes[1]  # nodes[0] hosts the store
+        if scenario == "join":
+            newcomer = start_agent()
+            ready = "attempts to join"
+            wait_for(lambda: ready in newcomer.log.read_text(errors="replace"), 300, "the newcomer ready")
         changed_at = time.time()
         if scenario == "sigkill":
-            victim.kill_tree()
-        else:
-            victim.process.send_signal(signal.SIGTERM)
+            nodes[2].kill_tree()
+        elif scenario == "sigterm":
+            nodes[2].process.send_signal(signal.SIGTERM)
+        world = 3 if scenario == "join" else 2
         try:
             wait_for(
-                lambda: _trained_after(survivor.journal, 2, changed_at),
+                lambda: _trained_after(survivor.journal, world, changed_at),
                 BASELINE_PATIENCE,
-                "stock torchrun to train again at world size 2",
+                f"stock torchrun to train again at world size {world}",
             )
         except TimeoutError:
             return math.inf  # never resumed within the patience: report that, not a number
@@ -145,29 +177,40 @@ def measure_torchrun(scenario: str, root: Path) -> float:
                 node.kill_tree()
 
 
+def _figures(pauses: list[float]) -> dict[str, float | None]:
+    """Median and range of one system's pauses (None where it never trained again)."""
+    ordered = sorted(pauses)
+    shown = [None if math.isinf(p) else round(p, 2) for p in ordered]
+    return {"median_s": shown[len(ordered) // 2], "min_s": shown[0], "max_s": shown[-1]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--scenario", choices=("sigkill", "sigterm"), default="sigkill")
+    parser.add_argument("--scenario", choices=("sigkill", "sigterm", "join"), default="sigkill")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--systems", nargs="+", choices=("ebbflow", "torchrun"), default=["ebbflow", "torchrun"]
+    )
     args = parser.parse_args()
-    results: dict[str, list[float]] = {"ebbflow": [], "torchrun": []}
+    measures = {"ebbflow": measure_ebbflow, "torchrun": measure_torchrun}
+    results: dict[str, list[float]] = {name: [] for name in args.systems}
     for repeat in range(args.repeats):
-        for name, measure in (("ebbflow", measure_ebbflow), ("torchrun", measure_torchrun)):
+        for name in args.systems:
             with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as root:
-                pause = measure(args.scenario, Path(root))
+                pause = measures[name](args.scenario, Path(root))
             results[name].append(pause)
             shown = None if math.isinf(pause) else pause
             print(json.dumps({"system": name, "scenario": args.scenario, "repeat": repeat, "pause_s": shown}))
-    ebbflow, stock = min(results["ebbflow"]), min(results["torchrun"])
-    summary = {"scenario": args.scenario, "best_pause_s": {"ebbflow": ebbflow}}
-    if math.isinf(stock):
-        summary["torchrun"] = f"did not train again within {BASELINE_PATIENCE:.0f} s"
-        summary["torchrun_over_ebbflow_at_least"] = BASELINE_PATIENCE / ebbflow
-    else:
-        summary["best_pause_s"]["torchrun"] = stock
-        summary["torchrun_over_ebbflow"] = stock / ebbflow
+    summary: dict[str, object] = {"scenario": args.scenario, "repeats": args.repeats}
+    summary.update({name: _figures(pauses) for name, pauses in results.items()})
+    if "ebbflow" in results and "torchrun" in results:
+        ebbflow, stock = sorted(results["ebbflow"]), sorted(results["torchrun"])
+        median_ratio = stock[len(stock) // 2] / ebbflow[len(ebbflow) // 2]
+        summary["torchrun_over_ebbflow_median"] = (
+            "inf" if math.isinf(median_ratio) else round(median_ratio, 1)
+        )
     print(json.dumps(summary))
 
 

@@ -56,7 +56,9 @@ def _context(
         min_nodes=min_nodes,
         max_nodes=4,
         timeout=torch_rdzv.RendezvousTimeout(last_call=timedelta(hours=1)),
-        keep_alive_interval=timedelta(seconds=1),
+        # Contexts are built when the tests are collected: heartbeats an hour apart keep torch's
+        # operation from asking for one however long the tier runs before these tests.
+        keep_alive_interval=timedelta(hours=1),
         keep_alive_max_attempt=10,
     )
     return torch_rdzv._RendezvousContext(node, state, settings)
@@ -103,7 +105,7 @@ def test_the_join_operation_completes_a_known_round_and_leaves_the_rest_to_torch
 ) -> None:
     departures = FakeDepartures(left)
     join = membership.KnownMembershipJoinOp(LAST_WORLD, 7, departures)
-    # The context's node sent its heartbeat just now, so torch's operation has no keep-alive to send.
+    # The context's node sent its heartbeat within the interval: torch's operation sends no keep-alive.
     assert join(context, deadline=float("inf")) == torch_rdzv._Action[action]
     assert join.completed_early is (action == "MARK_RENDEZVOUS_COMPLETE")
     assert (departures.asked == ["recorded"]) is asks_the_store

@@ -1,20 +1,16 @@
 """When a forming round's members are already known, complete it without waiting out the last call.
 
-Torch's dynamic rendezvous completes a round with fewer than ``max_nodes`` members only once its
-last call has passed (``--last-call-timeout`` after the round reached ``min_nodes``): it cannot know
-whether more nodes are on their way. After a graceful leave or a reported death it can: the round's
-members are the last world's nodes less those that departed, plus any node already waiting. This
-module decides that (:func:`membership_known`, pure) and runs it inside torch's join operation
-(:class:`KnownMembershipJoinOp`). Departures are recorded in the job's store under the generation
-they left (:func:`departure_key`): by the node that leaves, or by a survivor that found it gone (its
-launcher's liveness port refused, :mod:`.liveness`); the survivor then removes it from the round it
-waits on at once, as torch would after its heartbeats expired.
+Torch completes a round below ``max_nodes`` only once its last call has passed, since it cannot know
+who else is coming. After a graceful leave or a death it can: the round's members are the last
+world's nodes less those that departed, plus any node already waiting (:func:`membership_known`,
+pure, run inside torch's join operation by :class:`KnownMembershipJoinOp`). Departures are recorded
+in the job's store (:func:`departure_key`) by the node that leaves, or by a survivor that found it
+gone (its liveness port refused, :mod:`.liveness`), which then removes it from the round it waits on.
 
-Invariants: a round completes early only when every node expected is a participant and none waits
-(never without a live member of the last world that has not departed: such a member is still
-waited for, up to torch's own last call); a node is removed only on a recorded departure or a
-refused liveness port; any other state is decided by torch's operation unchanged.
-While a round forms, each node reads the shared state every ``RENDEZVOUS_POLL_S`` (torch: 1 s).
+Invariants: a round completes early only when every node expected is a participant and none waits;
+a node is removed only on a recorded departure or a refused liveness port; every other state is
+decided by torch's operation unchanged. While a round forms, each node reads the shared state every
+``RENDEZVOUS_POLL_S`` (torch: 1 s). Why: docs/design/rendezvous.md.
 """
 
 from __future__ import annotations

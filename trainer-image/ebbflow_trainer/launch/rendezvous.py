@@ -10,9 +10,8 @@ call that never returns is taken for a lost connection (``HUNG_CALL_GRACE``).
 Invariants: generation numbers only increase over the job's life, whatever store hands them out;
 nothing the old store held is needed to continue (the workers' state is in their own memory); while
 no store answers, each call from the agent costs it at most one probe (``PROBE_TIMEOUT``).
-A round whose members are known (the last world less those that departed) completes without torch's
-last call (:mod:`.membership`); a node that leaves records its departure before it exits the round,
-and one that dies is found gone by the survivors through its liveness port (:mod:`.liveness`).
+Rounds join through :mod:`.membership`: no last call once the members are known, a dead node removed
+on evidence (its liveness port refused) rather than after its heartbeats.
 Why each of these, and what was seen without them: docs/design/rendezvous.md.
 """
 
