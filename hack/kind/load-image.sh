@@ -39,16 +39,32 @@ shared_source() { # the host directory mounted at /shared in node $1, if any
   docker inspect --format '{{range .Mounts}}{{if eq .Destination "/shared"}}{{.Source}}{{end}}{{end}}' "$1"
 }
 
+# Two images may go into one node at once (the set-up loads the trainer image beside the chart's
+# operator image) and share base layers: one import's `content rm` would remove blobs the other is
+# still unpacking ("failed to resolve layers ... not found"). Imports into a node hold its lock
+# shared; dropping the blobs takes it exclusive, and is left to the last import when another runs.
+node_lock() { echo "${TMPDIR:-/tmp}/ebbflow-kind-$CLUSTER-$1.lock"; }
+
 # import_into NODE SOURCE: SOURCE is a path inside the node, or "-" for the image streamed on stdin.
 import_into() {
   local node=$1 source=$2 start=$SECONDS
-  if [[ $source == - ]]; then
-    docker save "$image" | docker exec -i "$node" ctr --namespace k8s.io images import --snapshotter overlayfs - >/dev/null
-  else
-    ctr_k8s "$node" images import --snapshotter overlayfs "$source" >/dev/null
-  fi
-  ctr_k8s "$node" content rm "${layers[@]}" >/dev/null
-  echo "loaded $image into $node in $((SECONDS - start)) s (layer blobs dropped, snapshots kept)" >&2
+  (
+    flock --shared 9
+    if [[ $source == - ]]; then
+      docker save "$image" | docker exec -i "$node" ctr --namespace k8s.io images import --snapshotter overlayfs - >/dev/null
+    else
+      ctr_k8s "$node" images import --snapshotter overlayfs "$source" >/dev/null
+    fi
+  ) 9>"$(node_lock "$node")"
+  (
+    if flock --exclusive --nonblock 9; then
+      ctr_k8s "$node" content rm "${layers[@]}" >/dev/null
+      dropped="layer blobs dropped"
+    else
+      dropped="layer blobs kept: another import into the node was running"
+    fi
+    echo "loaded $image into $node in $((SECONDS - start)) s ($dropped, snapshots kept)" >&2
+  ) 9>"$(node_lock "$node")"
 }
 
 # The nodes that lack it (any other image under its name removed), split by how they get it.
