@@ -8,8 +8,9 @@ a survivor.
 
 Stock torchrun hosts the c10d store in the first agent, so the baseline never kills that node.
 
-    .venv/bin/python bench/trainer_rescale.py [--scenario sigkill|sigterm|join] [--repeats 5]
+    .venv/bin/python bench/trainer_rescale.py [--scenario sigkill|sigterm] [--repeats 5]
         [--systems ebbflow torchrun]
+    .venv/bin/python bench/trainer_rescale.py --scenario join --systems ebbflow
 
 A join: two nodes train, a third starts; the pause counts from its launcher's first join attempt
 (its imports done), as a pod the operator started ahead of need. Prints one JSON line per
@@ -147,26 +148,20 @@ def measure_torchrun(scenario: str, root: Path) -> float:
         return nodes[-1]
 
     try:
-        for _ in range(2 if scenario == "join" else 3):
+        for _ in range(3):
             start_agent()
-        size = len(nodes)
-        wait_for(lambda: all(_last_world(n.journal) == size for n in nodes), 300, f"stock world of {size}")
+        wait_for(lambda: all(_last_world(n.journal) == 3 for n in nodes), 300, "stock world of 3")
         survivor = nodes[1]  # nodes[0] hosts the store
-        if scenario == "join":
-            newcomer = start_agent()
-            ready = "attempts to join"
-            wait_for(lambda: ready in newcomer.log.read_text(errors="replace"), 300, "the newcomer ready")
         changed_at = time.time()
         if scenario == "sigkill":
             nodes[2].kill_tree()
-        elif scenario == "sigterm":
+        else:
             nodes[2].process.send_signal(signal.SIGTERM)
-        world = 3 if scenario == "join" else 2
         try:
             wait_for(
-                lambda: _trained_after(survivor.journal, world, changed_at),
+                lambda: _trained_after(survivor.journal, 2, changed_at),
                 BASELINE_PATIENCE,
-                f"stock torchrun to train again at world size {world}",
+                "stock torchrun to train again at world size 2",
             )
         except TimeoutError:
             return math.inf  # never resumed within the patience: report that, not a number
@@ -194,6 +189,11 @@ def main() -> None:
         "--systems", nargs="+", choices=("ebbflow", "torchrun"), default=["ebbflow", "torchrun"]
     )
     args = parser.parse_args()
+    if args.scenario == "join" and "torchrun" in args.systems:
+        parser.error(
+            "--scenario join measures Ebbflow only so far: stock torchrun's agent logs no join attempt "
+            "to time the pause from; run it with --systems ebbflow"
+        )
     measures = {"ebbflow": measure_ebbflow, "torchrun": measure_torchrun}
     results: dict[str, list[float]] = {name: [] for name in args.systems}
     for repeat in range(args.repeats):
