@@ -10,16 +10,29 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TOOLS_BIN=${TOOLS_BIN:-$ROOT/.tools/bin}
 TOOLS_CACHE=${TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ebbflow/tools}
 
-KUBERNETES_VERSION=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$ROOT/hack/tools/kubernetes/go.mod")
-ETCD_VERSION=$(awk '$1 == "require" && $2 == "go.etcd.io/etcd/server/v3" {print $3}' "$ROOT/hack/tools/etcd/go.mod")
-KWOK_VERSION=v0.8.0
-HELM_VERSION=v3.21.4
+# module_version GO_MOD MODULE: the version GO_MOD requires of MODULE (one-line or block require).
+module_version() {
+  awk -v m="$2" '$1 == "require" && $2 == m {print $3; exit} $1 == m && $2 != "=>" {print $2; exit}' "$1"
+}
+# One module graph (hack/tools/kubernetes) pins the Kubernetes commands and the tools whose Kubernetes
+# libraries are the same minor release: one version of each shared module, so a package compiled for
+# one command is a build-cache hit for the next (build_in_kube_graph). Its commands are cached under
+# their version and the graph's go.sum digest: a change to the graph builds them again.
+KUBE_GRAPH=$ROOT/hack/tools/kubernetes
+# module_digest DIR: 12 hex digits of a wrapper module's go.sum and Go sources, for cache keys.
+module_digest() { cat "$1/go.sum" "$1"/*.go | sha256sum | cut -c1-12; }
+KUBE_GRAPH_DIGEST=$(module_digest "$KUBE_GRAPH")
+KUBERNETES_VERSION=$(module_version "$KUBE_GRAPH/go.mod" k8s.io/kubernetes)
+KWOK_VERSION=$(module_version "$KUBE_GRAPH/go.mod" sigs.k8s.io/kwok)
+HELM_VERSION=$(module_version "$KUBE_GRAPH/go.mod" helm.sh/helm/v3)
+CRICTL_VERSION=$(module_version "$KUBE_GRAPH/go.mod" sigs.k8s.io/cri-tools)
+ETCD_VERSION=$(module_version "$ROOT/hack/tools/etcd/go.mod" go.etcd.io/etcd/server/v3)
 KIND_VERSION=v0.32.0
-# For the kind node image (hack/kind/): not part of the default set.
+# For the kind node image (hack/kind/): not part of the default set. (CoreDNS: its wrapper module
+# hack/tools/coredns requires the same version; build_coredns checks.)
 COREDNS_VERSION=v1.15.0
 FLANNEL_VERSION=v0.28.10
 CNI_PLUGINS_VERSION=v1.9.1
-CRICTL_VERSION=v1.36.0
 LOCAL_PATH_VERSION=v0.0.30
 # Prometheus 3.16.0 (Go module version v0.316.0) for hack/prometheus/: not part of the default set.
 PROMETHEUS_VERSION=$(awk '$1 == "github.com/prometheus/prometheus" {print $2; exit}' "$ROOT/hack/prometheus/tools/go.mod")
@@ -45,7 +58,7 @@ install_from_cache() {
 kubernetes_ldflags() {
   local v=$KUBERNETES_VERSION minor=${KUBERNETES_VERSION#v1.}
   minor=${minor%%.*}
-  local flags="-s -w" pkg
+  local flags="" pkg
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     flags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
@@ -53,23 +66,38 @@ kubernetes_ldflags() {
   echo "$flags"
 }
 
-# build_kubernetes [MODULE NAME...]: commands from k8s.io/kubernetes/cmd, built in the wrapper
-# module hack/tools/MODULE (default: the control plane + kubectl from hack/tools/kubernetes).
+# build_in_kube_graph NAME VERSION PACKAGE [LDFLAGS]: one command of the Kubernetes graph. The tags are
+# the Kubernetes release's, for every command of the graph: the same flags make the same packages.
+build_in_kube_graph() {
+  local name=$1 version=$2-$KUBE_GRAPH_DIGEST pkg=$3 ldflags="-s -w ${4:-}"
+  local dir=$TOOLS_CACHE/$name-$version
+  if ! cached "$name" "$version"; then
+    echo "building $name $2 (Kubernetes graph $KUBE_GRAPH_DIGEST: minutes for its first command on a machine, less for the next)"
+    mkdir -p "$dir"
+    (cd "$KUBE_GRAPH" && go build -trimpath -tags selinux,notest -ldflags "$ldflags" -o "$dir/$name.tmp" "$pkg")
+    mv -f "$dir/$name.tmp" "$dir/$name"
+  fi
+  install_from_cache "$name" "$version"
+}
+
+# build_kubernetes NAME...: commands from k8s.io/kubernetes/cmd, with the release's version stamped.
 build_kubernetes() {
-  local module=${1:-kubernetes} name dir names=("${@:2}")
-  ((${#names[@]})) || names=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
-  for name in "${names[@]}"; do
-    dir=$TOOLS_CACHE/$name-$KUBERNETES_VERSION
-    if ! cached "$name" "$KUBERNETES_VERSION"; then
-      echo "building $name $KUBERNETES_VERSION (first time on this machine: several minutes)"
-      mkdir -p "$dir"
-      (cd "$ROOT/hack/tools/$module" &&
-        go build -trimpath -tags selinux,notest -ldflags "$(kubernetes_ldflags)" \
-          -o "$dir/$name.tmp" "k8s.io/kubernetes/cmd/$name")
-      mv -f "$dir/$name.tmp" "$dir/$name"
-    fi
-    install_from_cache "$name" "$KUBERNETES_VERSION"
+  local name
+  for name in "$@"; do
+    build_in_kube_graph "$name" "$KUBERNETES_VERSION" "k8s.io/kubernetes/cmd/$name" "$(kubernetes_ldflags)"
   done
+}
+
+# build_helm: stamped as Helm's own Makefile does (its version; the Kubernetes release its charts'
+# capabilities default to).
+build_helm() {
+  local minor=${KUBERNETES_VERSION#v1.} flags="" pkg
+  minor=${minor%%.*}
+  flags+=" -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    flags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$minor"
+  done
+  build_in_kube_graph helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm "$flags"
 }
 
 build_etcd() {
@@ -95,19 +123,25 @@ build_module() {
   install_from_cache "$name" "$version"
 }
 
-# build_crictl: in the wrapper module hack/tools/crictl (the proxy refuses cri-tools' version list,
-# which `go install ...@VERSION` asks for).
-build_crictl() {
-  local dir=$TOOLS_CACHE/crictl-$CRICTL_VERSION
-  if ! cached crictl "$CRICTL_VERSION"; then
-    echo "building crictl $CRICTL_VERSION"
-    mkdir -p "$dir"
-    (cd "$ROOT/hack/tools/crictl" &&
-      go build -trimpath -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" \
-        -o "$dir/crictl.tmp" sigs.k8s.io/cri-tools/cmd/crictl)
-    mv -f "$dir/crictl.tmp" "$dir/crictl"
+# build_coredns: CoreDNS with the plugins the kind cluster's Corefile uses, from the wrapper module
+# hack/tools/coredns (its main.go lists them), cached under its version and the module's digest.
+build_coredns() {
+  local module=$ROOT/hack/tools/coredns required
+  local version=$COREDNS_VERSION-$(module_digest "$module") dir
+  dir=$TOOLS_CACHE/coredns-$version
+  required=$(module_version "$module/go.mod" github.com/coredns/coredns)
+  if [[ $required != "$COREDNS_VERSION" ]]; then
+    echo "hack/tools/coredns/go.mod requires CoreDNS $required, COREDNS_VERSION above says $COREDNS_VERSION: make them equal" >&2
+    return 1
   fi
-  install_from_cache crictl "$CRICTL_VERSION"
+  if ! cached coredns "$version"; then
+    echo "building coredns $COREDNS_VERSION"
+    mkdir -p "$dir"
+    (cd "$module" && go build -trimpath -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
+      -o "$dir/coredns.tmp" .)
+    mv -f "$dir/coredns.tmp" "$dir/coredns"
+  fi
+  install_from_cache coredns "$version"
 }
 
 # build_flannel: flanneld without the tencentvpc and udp backends (see hack/tools/flannel/go.mod).
@@ -232,16 +266,16 @@ build_training_operator() {
 build() {
   local tool=$1 started=$SECONDS
   case $tool in
-    kubernetes) build_kubernetes ;;
+    kubernetes) build_kubernetes kube-apiserver kube-controller-manager kube-scheduler kubectl ;;
     # Node-side commands for the kind node image (hack/kind/build-node-image.sh); not in the default set.
-    kubernetes-node) build_kubernetes kubernetes-node kubelet kubeadm kube-proxy ;;
+    kubernetes-node) build_kubernetes kubelet kubeadm kube-proxy ;;
     etcd) build_etcd ;;
-    kwok) build_module kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" ;;
-    helm) build_module helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" ;;
+    kwok) build_in_kube_graph kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok ;;
+    helm) build_helm ;;
     kind) build_module kind sigs.k8s.io/kind "$KIND_VERSION" ;;
-    coredns) build_module coredns github.com/coredns/coredns "$COREDNS_VERSION" ;;
+    coredns) build_coredns ;;
     flannel) build_flannel ;;
-    crictl) build_crictl ;;
+    crictl) build_in_kube_graph crictl "$CRICTL_VERSION" sigs.k8s.io/cri-tools/cmd/crictl "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" ;;
     cni-plugins) build_cni_plugins ;;
     local-path-provisioner) build_module local-path-provisioner github.com/rancher/local-path-provisioner "$LOCAL_PATH_VERSION" ;;
     # Prometheus and promtool for hack/prometheus/ (e2e tier, demo); not in the default set.
@@ -267,31 +301,32 @@ build_in_order() {
   for tool in "$@"; do build "$tool"; done
 }
 
-# Two lanes when both have work: the Kubernetes commands (whose builds share most packages, so one
-# after the other) beside everything else. One `go build` keeps about one of two cores busy (its links
-# and long dependency chains are serial), so a cold machine builds its tools in about two thirds of the
-# time this way; a warm one copies them in seconds either way. The second lane's output comes after the
-# first's, whole.
+# Two lanes when both have work, of about equal cold build time (docs/ci.md, "A fresh machine"): the
+# Kubernetes graph's commands (which share most packages, so one after the other), then kube-router
+# and the Prometheus Operator; everything else beside them. A `go build` keeps up to two cores busy,
+# but its links and long dependency chains are serial, so two lanes fill the cores where one leaves
+# gaps; a warm machine copies the tools in seconds either way. The second lane's output comes after
+# the first's, whole.
 if (($#)); then want=("$@"); else want=(kubernetes etcd kwok helm kind prometheus); fi
-kubernetes_lane=() other_lane=()
+first_lane=() second_lane=()
 for tool in "${want[@]}"; do
   case $tool in
-    kubernetes | kubernetes-node) kubernetes_lane+=("$tool") ;;
-    *) other_lane+=("$tool") ;;
+    kubernetes | kubernetes-node | helm | kwok | crictl | kube-router | prometheus-operator) first_lane+=("$tool") ;;
+    *) second_lane+=("$tool") ;;
   esac
 done
-if ((${#kubernetes_lane[@]} == 0 || ${#other_lane[@]} == 0)); then
+if ((${#first_lane[@]} == 0 || ${#second_lane[@]} == 0)); then
   build_in_order "${want[@]}"
   exit
 fi
-other_log=$(mktemp)
-trap 'rm -f "$other_log"' EXIT
-build_in_order "${other_lane[@]}" >"$other_log" 2>&1 &
-other=$!
-build_in_order "${kubernetes_lane[@]}" &
-kubernetes=$!
+second_log=$(mktemp)
+trap 'rm -f "$second_log"' EXIT
+build_in_order "${second_lane[@]}" >"$second_log" 2>&1 &
+second=$!
+build_in_order "${first_lane[@]}" &
+first=$!
 status=0
-wait "$kubernetes" || status=$?
-wait "$other" || status=$((status ? status : $?))
-cat "$other_log"
+wait "$first" || status=$?
+wait "$second" || status=$((status ? status : $?))
+cat "$second_log"
 exit "$status"

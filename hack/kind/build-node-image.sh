@@ -25,7 +25,7 @@ TOOLS_CACHE=${TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ebbflow/tools}
 NODE_REPO=${KIND_NODE_REPO:-ebbflow/kind-node}
 export TOOLS_BIN TOOLS_CACHE
 
-mod_version() { awk -v m="$2" '$1 == "require" && $2 == m {print $3}' "$ROOT/hack/tools/$1/go.mod"; }
+mod_version() { awk -v m="$2" '$1 == "require" && $2 == m {print $3; exit} $1 == m && $2 != "=>" {print $2; exit}' "$ROOT/hack/tools/$1/go.mod"; }
 K8S_VERSION=$(mod_version kubernetes k8s.io/kubernetes)
 ETCD_VERSION=$(mod_version etcd go.etcd.io/etcd/server/v3)
 tool_var() { awk -F= -v v="$1" '$1 == v {print $2}' "$ROOT/hack/build-tools.sh"; }
