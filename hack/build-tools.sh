@@ -302,8 +302,8 @@ build_in_order() {
 }
 
 # Two lanes when both have work, of about equal cold build time (docs/ci.md, "A fresh machine"): the
-# Kubernetes graph's commands (which share most packages, so one after the other), then kube-router
-# and the Prometheus Operator; everything else beside them. A `go build` keeps up to two cores busy,
+# Kubernetes graph's commands (which share most packages, so one after the other), then kube-router;
+# everything else beside them. A `go build` keeps up to two cores busy,
 # but its links and long dependency chains are serial, so two lanes fill the cores where one leaves
 # gaps; a warm machine copies the tools in seconds either way. The second lane's output comes after
 # the first's, whole.
@@ -311,7 +311,7 @@ if (($#)); then want=("$@"); else want=(kubernetes etcd kwok helm kind prometheu
 first_lane=() second_lane=()
 for tool in "${want[@]}"; do
   case $tool in
-    kubernetes | kubernetes-node | helm | kwok | crictl | kube-router | prometheus-operator) first_lane+=("$tool") ;;
+    kubernetes | kubernetes-node | helm | kwok | crictl | kube-router) first_lane+=("$tool") ;;
     *) second_lane+=("$tool") ;;
   esac
 done

@@ -34,6 +34,11 @@ def _generations(node: Node) -> list[dict[str, Any]]:
     return node.events("generation")
 
 
+def _world_change(node: Node, generation: int) -> dict[str, Any]:
+    """The launcher's journal record of how `generation`'s world differs from the node's last."""
+    return next(w for w in node.events("world") if w["generation"] == generation)
+
+
 def _steps_in(nodes: list[Node], generation: int) -> list[int]:
     return [r["step"] for n in nodes for r in n.events("step") if r["generation"] == generation]
 
@@ -102,6 +107,10 @@ def test_sigkill_of_any_worker_resumes_from_memory_at_world_size_two(
         first_after = min(g["generation"] for g in after)
         resumed = [g for g in after if g["generation"] == first_after]
         assert {g["world"] for g in resumed} == {2}
+        # Each survivor's journal says why that world re-formed: one member left, found gone.
+        changes = [_world_change(n, first_after) for n in survivors]
+        assert all(not c["joined"] and len(c["left"]) == 1 for c in changes), changes
+        assert all(why.startswith("found gone") for c in changes for why in c["left"].values()), changes
         # The kill can land inside a collective: one survivor may have finished the step the other never
         # saw complete. The freshest survivor continues from its own memory and the other receives that
         # state from it; nobody falls back to the durable checkpoint or starts fresh.
@@ -173,6 +182,8 @@ def test_a_worker_joins_at_a_step_boundary_and_one_leaves_by_sigterm_without_los
             if f"joined generation {first_after} as rank" in line
         ]
         assert any("members known" in line for line in joined), joined
+        changes = [_world_change(n, first_after) for n in survivors]
+        assert all(list(c["left"].values()) == ["left gracefully"] for c in changes), changes
         # A durable checkpoint was written at the leave.
         checkpoints = [r["step"] for n in nodes for r in n.events("checkpoint")]
         assert left["step"] in checkpoints

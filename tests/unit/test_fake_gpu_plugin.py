@@ -3,7 +3,9 @@
 They cover its NVIDIA-shaped config, device IDs, Allocate, node labels, and a real gRPC
 round trip with a fake kubelet over unix sockets. Go's build cache (its own, OWN_CACHE) makes
 re-runs take seconds.
-Without a Go toolchain the test skips on a developer machine, but fails under CI=true.
+Without a Go toolchain the test skips on a developer machine, but fails under CI=true. The plugin's
+go.mod pins the Kubernetes graph's version of every module they share (checked here without Go), so
+that its image build reuses the packages the tools' build compiled (hack/fake-gpu-plugin/build-image.sh).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-PLUGIN = Path(__file__).resolve().parents[2] / "hack" / "fake-gpu-plugin"
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN = REPO / "hack" / "fake-gpu-plugin"
+KUBE_GRAPH = REPO / "hack" / "tools" / "kubernetes"
 FALLBACK_GO = Path("/usr/local/go/bin/go")
 # A cold build compiles client-go and gRPC: 230 s in CI (its e2e preparation removes Go's caches
 # after the unit tier), over 300 s on a fresh machine beside the image builds. Warm runs take seconds.
@@ -53,3 +57,32 @@ def test_fake_gpu_plugin_go_tests_pass() -> None:
         check=False,
     )
     assert result.returncode == 0, f"go test ./... failed in {PLUGIN}:\n{result.stdout}\n{result.stderr}"
+
+
+def required_versions(go_mod: Path) -> dict[str, str]:
+    """Module path -> version of every `require` in a go.mod (one-line and block forms)."""
+    versions: dict[str, str] = {}
+    in_block = False
+    for raw in go_mod.read_text().splitlines():
+        line = raw.split("//")[0].strip()
+        if line == "require (":
+            in_block = True
+        elif in_block and line == ")":
+            in_block = False
+        elif in_block and line:
+            module, version = line.split()[:2]
+            versions[module] = version
+        elif line.startswith("require ") and not line.endswith("("):
+            module, version = line.split()[1:3]
+            versions[module] = version
+    return versions
+
+
+def test_the_plugin_pins_the_kubernetes_graphs_versions_of_every_shared_module() -> None:
+    plugin, graph = required_versions(PLUGIN / "go.mod"), required_versions(KUBE_GRAPH / "go.mod")
+    assert "k8s.io/client-go" in plugin and "k8s.io/client-go" in graph
+    differing = {m: (v, graph[m]) for m, v in plugin.items() if m in graph and graph[m] != v}
+    assert not differing, (
+        f"hack/fake-gpu-plugin/go.mod pins other versions than hack/tools/kubernetes/go.mod: {differing} "
+        "(plugin, graph); `go get` the graph's versions in hack/fake-gpu-plugin, then `go mod tidy`"
+    )

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from ebbflow_trainer.launch import membership
+from torch.distributed import HashStore  # type: ignore[attr-defined]
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as torch_rdzv
 
 A, B, C, D = (torch_rdzv._NodeDesc(f"10.0.0.{i}", 100 + i, 0) for i in range(1, 5))
@@ -161,3 +162,64 @@ def test_torch_polls_a_forming_round_every_rendezvous_poll(
     assert torch_rdzv._delay is membership._poll_delay  # type: ignore[attr-defined]
     torch_rdzv._delay(asked)  # type: ignore[attr-defined]
     assert delays == [slept]
+
+
+GONE = "gone: its launcher's liveness port 10.0.0.3:41000 refused a connection"
+
+
+@pytest.mark.parametrize(
+    ("last_world", "new_world", "recorded", "joined", "left"),
+    [
+        pytest.param(
+            {"a", "b", "c"}, {"a", "b"}, {"c": "left"}, set(), {"c": "left gracefully"}, id="graceful-leave"
+        ),
+        pytest.param(
+            {"a", "b", "c"},
+            {"a", "b"},
+            {"c": GONE},
+            set(),
+            {"c": "found gone: its launcher's liveness port 10.0.0.3:41000 refused a connection"},
+            id="found-gone-with-its-evidence",
+        ),
+        pytest.param(
+            {"a", "b", "c"},
+            {"a", "b"},
+            {},
+            set(),
+            {"c": membership.departure_evidence(None)},
+            id="no-record-heartbeats-expired",
+        ),
+        pytest.param({"a", "b"}, {"a", "b", "d"}, {}, {"d"}, {}, id="a-newcomer"),
+        pytest.param(
+            {"a", "b", "c"}, {"a", "b", "d"}, {"c": "left"}, {"d"}, {"c": "left gracefully"}, id="replaced"
+        ),
+        pytest.param({"a", "b"}, {"a", "b"}, {}, set(), {}, id="same-members-a-worker-restarted"),
+    ],
+)
+def test_each_new_world_says_who_joined_and_who_left_on_what_evidence(
+    last_world: set[str],
+    new_world: set[str],
+    recorded: dict[str, str],
+    joined: set[str],
+    left: dict[str, str],
+) -> None:
+    change = membership.world_change(8, 7, frozenset(last_world), frozenset(new_world), recorded)
+    assert (change.joined, dict(change.left)) == (joined, left)
+    assert change.membership_changed is bool(joined or left)
+    record = change.record()
+    assert record["generation"] == 8 and record["last_generation"] == 7
+    assert record["membership_changed"] is change.membership_changed
+    described = change.describe()
+    for node in (*joined, *left):
+        assert node in described
+    if not change.membership_changed:
+        assert "no membership change" in described
+
+
+def test_the_store_gives_the_recorded_departures_of_a_generation_by_node() -> None:
+    store = HashStore()
+    store.set(membership.departure_key(7, "a"), membership.LEFT)
+    store.set(membership.departure_key(7, "b"), GONE)
+    store.set(membership.departure_key(6, "c"), membership.LEFT)  # another generation's
+    departures = membership.StoreDepartures(store)
+    assert departures.values(7, frozenset({"a", "b", "c"})) == {"a": "left", "b": GONE}

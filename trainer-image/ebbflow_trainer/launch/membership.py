@@ -7,6 +7,9 @@ pure, run inside torch's join operation by :class:`KnownMembershipJoinOp`). Depa
 in the job's store (:func:`departure_key`) by the node that leaves, or by a survivor that found it
 gone (its liveness port refused, :mod:`.liveness`), which then removes it from the round it waits on.
 
+Each new world is compared with the last (:func:`world_change`): who joined, who left and on what
+evidence, so that every re-formation's cause is in the log and the journal.
+
 Invariants: a round completes early only when every node expected is a participant and none waits;
 a node is removed only on a recorded departure or a refused liveness port; every other state is
 decided by torch's operation unchanged. While a round forms, each node reads the shared state every
@@ -17,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Set
+from collections.abc import Collection, Mapping, Set
+from dataclasses import dataclass
 from typing import Protocol
 
 # torch re-exports Store from a C extension without declaring it public to type checkers.
@@ -66,6 +70,65 @@ def membership_known(
     return (last_world - departed) <= set(participants)
 
 
+# What a departure key holds: written by the node that leaves, or "gone: <evidence>" by a survivor.
+LEFT = "left"
+GONE_PREFIX = "gone: "
+
+
+def departure_evidence(recorded: str | None) -> str:
+    """Why a member of the last world is not in the new one, from its departure key's value."""
+    if recorded is None:
+        return "no departure recorded: its heartbeats expired, or it did not rejoin before the round closed"
+    if recorded.startswith(GONE_PREFIX):
+        return "found gone: " + recorded.removeprefix(GONE_PREFIX)
+    return "left gracefully" if recorded == LEFT else recorded
+
+
+@dataclass(frozen=True)
+class WorldChange:
+    """How a node's new world differs from its last: who joined, who left and why (node -> evidence).
+    A change with neither is a re-formation no membership change caused (a worker restarted)."""
+
+    generation: int
+    last_generation: int
+    joined: frozenset[str]
+    left: Mapping[str, str]
+
+    @property
+    def membership_changed(self) -> bool:
+        return bool(self.joined or self.left)
+
+    def describe(self) -> str:
+        if not self.membership_changed:
+            return "the same members as the last world: no membership change (a worker failed or restarted)"
+        parts = [f"{node} joined" for node in sorted(self.joined)]
+        parts += [f"{node} left ({why})" for node, why in sorted(self.left.items())]
+        return "; ".join(parts)
+
+    def record(self) -> dict[str, object]:
+        """The journal's ``world`` event fields."""
+        return {
+            "generation": self.generation,
+            "last_generation": self.last_generation,
+            "joined": sorted(self.joined),
+            "left": dict(sorted(self.left.items())),
+            "membership_changed": self.membership_changed,
+        }
+
+
+def world_change(
+    generation: int,
+    last_generation: int,
+    last_world: Set[str],
+    new_world: Set[str],
+    recorded: Mapping[str, str],
+) -> WorldChange:
+    """The change from `last_world` to `new_world`; `recorded` holds the departure keys' values of the
+    last generation for the nodes that left (a node without one left without a record)."""
+    left = {node: departure_evidence(recorded.get(node)) for node in last_world - new_world}
+    return WorldChange(generation, last_generation, frozenset(new_world - last_world), left)
+
+
 class Departures(Protocol):
     """What the job's store says about nodes of a generation's world (see the handler)."""
 
@@ -88,6 +151,11 @@ class StoreDepartures:
     def recorded(self, generation: int, nodes: frozenset[str]) -> frozenset[str]:
         return frozenset(n for n in nodes if self._store.check([departure_key(generation, n)]))
 
+    def values(self, generation: int, nodes: frozenset[str]) -> dict[str, str]:
+        """The recorded departures of `nodes` from `generation`, by node (what their keys hold)."""
+        keys = {node: departure_key(generation, node) for node in self.recorded(generation, nodes)}
+        return {node: self._store.get(key).decode() for node, key in keys.items()}
+
     def confirm_gone(self, generation: int, nodes: frozenset[str]) -> frozenset[str]:
         recorded = self.recorded(generation, nodes)
         found = frozenset(n for n in nodes - recorded if self._found_gone(generation, n))
@@ -101,7 +169,7 @@ class StoreDepartures:
         if not liveness.refused(address):
             return False
         evidence = f"its launcher's liveness port {address} refused a connection"
-        self._store.set(departure_key(generation, node), f"gone: {evidence}")
+        self._store.set(departure_key(generation, node), GONE_PREFIX + evidence)
         log.warning(
             "node %s of generation %d is gone (%s): removing it from the rendezvous without waiting "
             "for its heartbeats to expire",

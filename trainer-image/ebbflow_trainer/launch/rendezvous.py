@@ -51,6 +51,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 
 from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.launch import liveness, membership
+from ebbflow_trainer.launch.journal import Journal
 
 log = logging.getLogger(__name__)
 _GENERATION_COUNTER = "ebbflow/generation-counter"
@@ -173,6 +174,7 @@ class GenerationRendezvousHandler(RendezvousHandler):
         # Called with each completed round's generation, before the agent starts that world's workers.
         self.on_generation: Callable[[int], None] = lambda generation: None
         self._config = config
+        self._journal = Journal(config.journal)  # each new world's change from the last: `world` events
         self._bootstrap = RendezvousStoreInfo(master_addr=config.rdzv_host, master_port=config.rdzv_port)
         self._join_timeout = config.join_timeout
         self._last_generation = 0  # the newest generation this node ran, whatever store gave it
@@ -318,6 +320,7 @@ class GenerationRendezvousHandler(RendezvousHandler):
         if rank == 0:
             generation = store.add(_GENERATION_COUNTER, 1)
             round_store.set(_ROUND_GENERATION, str(generation))
+        last_generation, last_world = self._last_generation, self._last_world
         self._last_generation = int(round_store.get(_ROUND_GENERATION).decode())
         self._last_world = membership.world_nodes(delegate)
         log.info(
@@ -329,12 +332,22 @@ class GenerationRendezvousHandler(RendezvousHandler):
             if join.completed_early
             else "",
         )
-        if join.removed:
-            log.info(
-                "generation %d formed without %s, found gone", self._last_generation, sorted(join.removed)
-            )
+        if last_world:
+            self._record_change(departures, last_generation, last_world)
         self.on_generation(self._last_generation)
         return RendezvousInfo(round_store, rank, world_size, self._bootstrap)
+
+    def _record_change(
+        self, departures: membership.StoreDepartures, last_generation: int, last_world: frozenset[str]
+    ) -> None:
+        """Log and journal how the world just joined differs from this node's last, and why."""
+        gone = last_world - self._last_world
+        recorded = departures.values(last_generation, gone) if gone else {}
+        change = membership.world_change(
+            self._last_generation, last_generation, last_world, self._last_world, recorded
+        )
+        log.info("generation %d after %d: %s", change.generation, last_generation, change.describe())
+        self._journal.write("world", **change.record())
 
     def _raise_generation_floor(self, store: TCPStore) -> None:
         """A new store counts generations from zero: lift its counter to the newest generation this node
@@ -402,7 +415,7 @@ class GenerationRendezvousHandler(RendezvousHandler):
         try:
             if self._last_generation:
                 node = repr(self._delegate._this_node)
-                self._store.set(membership.departure_key(self._last_generation, node), "left")
+                self._store.set(membership.departure_key(self._last_generation, node), membership.LEFT)
             exit_op = dynamic_rendezvous._RendezvousExitOp()
             self._delegate._op_executor.run(exit_op, time.monotonic() + 10)
         except Exception as error:  # best effort by design, see the docstring

@@ -16,7 +16,6 @@ record of the newest step, to count the steps a new world lost).
 from __future__ import annotations
 
 import faulthandler
-import json
 import logging
 import math
 import os
@@ -39,6 +38,7 @@ from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.batching import DynamicBatchingController
 from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.launch import state
+from ebbflow_trainer.launch.journal import Journal
 from ebbflow_trainer.launch.rendezvous import connect, generation_store
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
 from ebbflow_trainer.step import memory_budget
@@ -65,19 +65,6 @@ class LeaveSignal:
         self.requested = True
         if not self.training:
             raise LeaveNow
-
-
-class Journal:
-    """Optional JSON-lines record of what this node did (generations, steps); tests and debugging read it."""
-
-    def __init__(self, path: str):
-        self._handle = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - lives as long as the process
-
-    def write(self, event: str, **fields: Any) -> None:
-        if self._handle is not None:
-            self._handle.write(
-                json.dumps({"event": event, "time": time.time(), "pid": os.getpid(), **fields}) + "\n"
-            )
 
 
 @dataclass
