@@ -1,16 +1,17 @@
 """False re-formations under load: a three-node Ebbflow job trains beside a CPU stress for minutes.
 
 Three nodes (nnodes 2:3, gloo on CPU, ~40 ms steps, the trainer's production heartbeat budget) form
-a world of three; then `--stress` busy processes hold the load average at about that many on this
-machine's cores for `--minutes`. Nobody joins or leaves meanwhile, so every re-formation in that
-window is a false one. Each comes with its cause from the launchers' journals (`world` events: who
-joined, who left and on what evidence, or "no membership change").
+a world of three; then `--stress` busy processes raise the load average to about that many on this
+machine's cores, and once its one-minute figure reaches `--load` the job trains on for `--minutes`.
+Nobody joins or leaves meanwhile, so every re-formation from the stress's start is a false one.
+Each comes with its cause from the launchers' journals (`world` events: who joined, who left and
+on what evidence, or "no membership change").
 
-    .venv/bin/python bench/trainer_under_load.py [--minutes 10] [--stress 24]
+    .venv/bin/python bench/trainer_under_load.py [--minutes 10] [--stress 24] [--load 20]
 
-Prints one JSON line: the load average sampled every 5 s (min, median, max), the steps trained
-under stress and their rate beside the rate before it, every re-formation with its cause, and the
-count of false ones (the goal: 0). A member dropped because its heartbeats stopped under load shows
+Prints one JSON line: the load average sampled every 5 s once at `--load` (min, median, max), the
+minutes at that load and of stress in all, the steps trained under stress and their rate beside
+the rate before it, every re-formation with its cause, and the count of false ones (the goal: 0). A member dropped because its heartbeats stopped under load shows
 as a membership change ("left: no departure recorded"), and is as false as a restart.
 """
 
@@ -62,7 +63,7 @@ def _stress(processes: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
 
 
-def _run(job: Job, minutes: float, stress: int) -> dict[str, Any]:
+def _run(job: Job, minutes: float, stress: int, load: float) -> dict[str, Any]:
     nodes = [job.start_node() for _ in range(3)]
     wait_for(lambda: all((n.last_step() or {}).get("world") == 3 for n in nodes), 300, "a world of 3")
     calm_start = time.time()
@@ -71,6 +72,8 @@ def _run(job: Job, minutes: float, stress: int) -> dict[str, Any]:
     busy = _stress(stress)
     loads: list[float] = []
     try:
+        wait_for(lambda: os.getloadavg()[0] >= load, 600, f"a load average of {load}")
+        at_load = time.time()
         deadline = time.monotonic() + minutes * 60
         while time.monotonic() < deadline:
             time.sleep(LOAD_SAMPLE_SECONDS)
@@ -87,7 +90,8 @@ def _run(job: Job, minutes: float, stress: int) -> dict[str, Any]:
     calm = _steps_between(nodes[0], calm_start, stress_start)
     stressed = _steps_between(nodes[0], stress_start, stress_end)
     return {
-        "minutes": round((stress_end - stress_start) / 60, 2),
+        "minutes_at_load": round((stress_end - at_load) / 60, 2),
+        "minutes_of_stress": round((stress_end - stress_start) / 60, 2),
         "stress_processes": stress,
         "cores": os.cpu_count(),
         "load_average": {
@@ -111,13 +115,14 @@ def main() -> None:
     )
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--stress", type=int, default=24, help="busy processes beside the job")
+    parser.add_argument("--load", type=float, default=20.0, help="the load average the clock starts at")
     args = parser.parse_args()
     # Production defaults (the test harness lengthens the last call for busy CI machines).
     extra = ["--simulated-vnode-seconds", str(STEP_SECONDS / 2), "--last-call-timeout", "1"]
     with tempfile.TemporaryDirectory(prefix="bench-load-") as scratch:
         root = Path(scratch)
         with running_job(root, min_replicas=2, max_replicas=3, steps=10**7, extra_args=extra) as job:
-            print(json.dumps(_run(job, args.minutes, args.stress)), flush=True)
+            print(json.dumps(_run(job, args.minutes, args.stress, args.load)), flush=True)
 
 
 if __name__ == "__main__":
