@@ -11,8 +11,9 @@ on what evidence, or "no membership change").
 
 Prints one JSON line: the load average sampled every 5 s once at `--load` (min, median, max), the
 minutes at that load and of stress in all, the steps trained under stress and their rate beside
-the rate before it, every re-formation with its cause, and the count of false ones (the goal: 0). A member dropped because its heartbeats stopped under load shows
-as a membership change ("left: no departure recorded"), and is as false as a restart.
+the rate before it, every re-formation with its cause, and the count of false ones (the goal: 0).
+A member dropped because its heartbeats stopped under load shows as a membership change ("left: no
+departure recorded"), and is as false as a restart.
 """
 
 from __future__ import annotations
