@@ -6,9 +6,7 @@ world's nodes less those that departed, plus any node already waiting (:func:`me
 pure, run inside torch's join operation by :class:`KnownMembershipJoinOp`). Departures are recorded
 in the job's store (:func:`departure_key`) by the node that leaves, or by a survivor that found it
 gone (its liveness port refused, :mod:`.liveness`), which then removes it from the round it waits on.
-
-Each new world is compared with the last (:func:`world_change`): who joined, who left and on what
-evidence, so that every re-formation's cause is in the log and the journal.
+Each new world is compared with the last (:func:`world_change`): who joined, who left and why.
 
 Invariants: a round completes early only when every node expected is a participant and none waits;
 a node is removed only on a recorded departure or a refused liveness port; every other state is
