@@ -24,6 +24,7 @@ from typing import Any
 from ebbflow_api import contract
 from ebbflow_devtools import trainer_logs
 from ebbflow_devtools.kind import CHART_VALUES, RELEASE, RELEASE_NAMESPACE, Kind, install_chart, poll, run
+from ebbflow_devtools.waiting import NotYet
 
 from . import jobs, release
 
@@ -97,30 +98,29 @@ def _goodput_allocates_by_the_reports(kind: Kind) -> dict[str, int]:
 
 
 def _the_raised_batch_reaches_every_worker(kind: Kind) -> int:
-    def switched() -> tuple[int, dict[str, trainer_logs.BatchSwitch]] | None:
+    def switched() -> tuple[int, dict[str, trainer_logs.BatchSwitch]] | NotYet:
         """The batch the policy chose for scales once above spec.globalBatchSize (it keeps B until
         the workers' reports carry a gradient-noise estimate that favours a larger one, and may move
         again as the estimate does), with each running worker's switch to it, once it is on every
-        worker pod and every running worker has switched or joined later (a newcomer receives the
-        batch with the state)."""
+        worker pod and every running worker has switched or trains in a world formed since (a world
+        receives the batch with the state: a newcomer, or a worker whose process a re-formation
+        replaced before it logged the switch)."""
         chosen = jobs.status(kind, "scales").get("globalBatchSize")
         if not chosen or chosen <= BATCH:
-            return None
+            return NotYet(f"status.globalBatchSize is {chosen!r}")
         annotated = {
-            p["metadata"]["annotations"].get(contract.ANNOTATION_GLOBAL_BATCH_SIZE)
+            p["metadata"]["name"]: p["metadata"]["annotations"].get(contract.ANNOTATION_GLOBAL_BATCH_SIZE)
             for p in jobs.worker_pods(kind, "scales")
         }
         logs = {p: jobs.logs(kind, p) for p in jobs.running_workers(kind, "scales")}
-        found = {
-            p: s[-1]
-            for p, log in logs.items()
-            if (s := trainer_logs.batch_switches(log)) and s[-1].batch == chosen
-        }
-        if annotated != {str(chosen)} or not found:
-            return None
+        switches = {p: trainer_logs.batch_switches(log) for p, log in logs.items()}
+        found = {p: s[-1] for p, s in switches.items() if s and s[-1].batch == chosen}
+        others = {p: trainer_logs.resumptions(log) for p, log in logs.items() if p not in found}
+        seen = f"chosen {chosen}; annotations {annotated}; switches {switches}; others' resumptions {others}"
+        if set(annotated.values()) != {str(chosen)} or not found:
+            return NotYet(seen)
         step = min(s.step for s in found.values())
-        joined = {p: trainer_logs.resumptions(log) for p, log in logs.items() if p not in found}
-        return (chosen, found) if all(r and r[0].step >= step for r in joined.values()) else None
+        return (chosen, found) if all(r and r[-1].step >= step for r in others.values()) else NotYet(seen)
 
     chosen, last = poll(switched, CONVERGE_S, "every scales worker at a batch above spec.globalBatchSize")
     assert chosen <= 4 * BATCH and chosen % VIRTUAL_NODES == 0, chosen

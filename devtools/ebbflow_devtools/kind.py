@@ -28,7 +28,7 @@ from ebbflow_api.contract import API_GROUP
 
 from ebbflow_devtools.api_reads import ApiReader
 from ebbflow_devtools.errors import KindError as KindError  # re-exported: callers import it from here
-from ebbflow_devtools.waiting import wait_for
+from ebbflow_devtools.waiting import NotYet, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / ".tools" / "bin"
@@ -93,7 +93,7 @@ def run(*command: str, input: str | None = None, timeout: float = SETUP_TIMEOUT_
 T = TypeVar("T")
 
 
-def poll(condition: Callable[[], T], timeout: float, what: str) -> T:
+def poll(condition: Callable[[], T | NotYet | None], timeout: float, what: str) -> T:
     """`wait_for` for a condition read through kubectl: checked every KUBECTL_POLL_S seconds."""
     return wait_for(condition, timeout, what, interval=KUBECTL_POLL_S)
 

@@ -7,14 +7,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 T = TypeVar("T")
 
 _SHOWN = 300  # characters of the last value shown in a timeout message
+_SHOWN_REASON = 3000  # characters of a NotYet's reason: it was written to be read
 
 
-def wait_for(condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1) -> T:
+class NotYet:
+    """A condition's "not yet" that says why: falsy, so `wait_for` polls again, and its reason is
+    what a timeout reports as the last value (a bare None says nothing about which part was missing)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __bool__(self) -> Literal[False]:
+        return False
+
+    def __repr__(self) -> str:
+        return self.reason
+
+
+def wait_for(
+    condition: Callable[[], T | NotYet | None], timeout: float, what: str, interval: float = 0.1
+) -> T:
     """Poll `condition` every `interval` seconds until it returns something truthy, and return that.
 
     An exception from `condition` counts as "not yet" (an API server restarting, a file caught
@@ -39,7 +56,7 @@ def wait_for(condition: Callable[[], T | None], timeout: float, what: str, inter
             if error is not None:
                 last = f"last error: {error!r}"
             else:
-                shown = repr(result)
-                last = f"last value: {shown if len(shown) <= _SHOWN else shown[:_SHOWN] + '...'}"
+                shown, limit = repr(result), _SHOWN_REASON if isinstance(result, NotYet) else _SHOWN
+                last = f"last value: {shown if len(shown) <= limit else shown[:limit] + '...'}"
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what} ({last})") from error
         time.sleep(min(interval, remaining))
