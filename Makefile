@@ -30,7 +30,7 @@ PYPROJECTS := pyproject.toml api/pyproject.toml operator/pyproject.toml trainer-
 
 .PHONY: help demo install tools cluster-up cluster-down lint typecheck test test-unit test-trainer \
 	test-gpu test-integration test-e2e crds base-image images images-test kind-images kind-up \
-	kind-smoke kind-down bench-operator bench-trainer bench-vs-kubeflow sim-native clean
+	kind-smoke kind-down bench-operator bench-trainer bench-peers bench-vs-kubeflow sim-native clean
 
 help: ## List every target with one line.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -123,6 +123,14 @@ bench-operator: install tools ## Operator benchmark: 100 jobs on 500 fake GPU no
 
 bench-trainer: install ## Trainer rescale-pause benchmark against stock torchrun; see bench/README.md.
 	$(PY) bench/trainer_rescale.py
+
+# DLRover imports protobuf without declaring it: 5.29 runs its generated code (made with 4.25) and
+# satisfies OpenTelemetry's protobuf >= 5. TorchFT comes without its dependencies, which would bring
+# a second torch.
+bench-peers: install ## TorchFT 0.2.0 and DLRover 0.6.1 for bench/trainer_rescale.py, in .tools/bench-peers (not project dependencies; the venv's torch serves them).
+	$(VENV)/bin/pip install -q --target .tools/bench-peers --upgrade "dlrover[k8s]==0.6.1" protobuf==5.29.5 \
+		opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2
+	$(VENV)/bin/pip install -q --target .tools/bench-peers --upgrade --no-deps torchft==0.2.0
 
 sim-native: install ## The simulator's hot modules compiled with mypyc into build/sim-native (checked to decide as the source does); use with PYTHONPATH=build/sim-native.
 	@bash hack/sim-native.sh

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ebbflow_devtools.ports import free_port
 from ebbflow_devtools.testing.trainer_cluster import REPO, Job, Node, running_job
 from ebbflow_devtools.waiting import wait_for
 
@@ -59,13 +60,6 @@ class Measurement:
     pause_s: float  # inf: no step of the new world within PATIENCE_S
     steps_lost: int | None
     event_step: int
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _listening(port: int) -> bool:
@@ -127,7 +121,7 @@ class Run:
         log = open(self.root / f"stock{index}.log", "wb")  # noqa: SIM115 - closed with the process
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:3", "--nproc-per-node", "1"]
         if not self.stock_port:
-            self.stock_port = _free_port()
+            self.stock_port = free_port()
         command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.stock_port}"]
         command += ["--rdzv-id", "bench", "--max-restarts", "100", SCRIPT, *self.script_args()]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}

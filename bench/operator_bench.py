@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,7 @@ from ebbflow_devtools.controlplane import (
     running_control_plane,
 )
 from ebbflow_devtools.gpunodes import GpuNodeTemplate, delete_node
+from ebbflow_devtools.ports import free_port
 from ebbflow_devtools.waiting import wait_for
 from kubernetes import client, config, watch
 
@@ -390,13 +390,6 @@ def start_operator(kubeconfig: Path, port: int, log_level: str) -> subprocess.Po
     ]
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     return subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def steady_state(bench: Bench, args: argparse.Namespace, names: list[str], port: int) -> dict[str, Any]:

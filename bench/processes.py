@@ -5,19 +5,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 
 import torch
 import torch.distributed as dist
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from ebbflow_devtools.ports import free_port
 
 
 def run_ranks(script: str, arguments: list[str], workers: int) -> None:

@@ -1,20 +1,22 @@
-"""Rescale pause of the Ebbflow trainer against stock torchrun, measured in the same run.
+"""Rescale pause of the Ebbflow trainer against stock torchrun, TorchFT and DLRover, in the same run.
 
-Scenario (both sides): three nodes, nnodes 2:3, c10d rendezvous, gloo on CPU, ~40 ms per step;
+Scenario (every side): three nodes, nnodes 2:3, c10d rendezvous, gloo on CPU, ~40 ms per step;
 once all three train, one node's whole process tree is killed (SIGKILL, as a pod deletion past its
 grace period), or its main process gets SIGTERM; or two train and a third joins. The pause is the
 gap between the last step completed before the change and the first step completed after it, seen by
 a survivor.
 
 Stock torchrun hosts the c10d store in the first agent, so the baseline never kills that node.
+TorchFT's and DLRover's sides (`bench/rescale_peers.py`, after `make bench-peers`) run as their
+docs run them, said there.
 
     .venv/bin/python bench/trainer_rescale.py [--scenario sigkill|sigterm] [--repeats 5]
-        [--systems ebbflow torchrun]
-    .venv/bin/python bench/trainer_rescale.py --scenario join --systems ebbflow
+        [--systems ebbflow torchrun torchft dlrover]
+    .venv/bin/python bench/trainer_rescale.py --scenario join --systems ebbflow torchft
 
 A join: two nodes train, a third starts; the pause counts from its launcher's first join attempt
 (its imports done), as a pod the operator started ahead of need. Prints one JSON line per
-measurement, then each system's median and range and the ratio of the medians, stock / Ebbflow.
+measurement, then each system's median and range and the ratio of each peer's median to Ebbflow's.
 """
 
 from __future__ import annotations
@@ -24,75 +26,29 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
-from itertools import pairwise
+from collections.abc import Callable
 from pathlib import Path
 
+from ebbflow_devtools.ports import free_port
 from ebbflow_devtools.testing.trainer_cluster import Job, Node, running_job
 from ebbflow_devtools.waiting import wait_for
+from rescale_peers import (
+    STEP_SECONDS,
+    last_world,
+    listening,
+    measure_dlrover,
+    measure_torchft,
+    pause,
+    stock_script,
+    trained_after,
+)
 
-STEP_SECONDS = 0.04
 # How long to wait for stock torchrun's survivors to train again before calling it "never".
 BASELINE_PATIENCE = 150.0
-
-# A minimal torchrun training script: one all-reduce per step, a journal line per completed step.
-BASELINE_SCRIPT = textwrap.dedent(
-    """
-    import json, os, sys, time
-    import torch, torch.distributed as dist
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    journal = open(sys.argv[1], "a", buffering=1)
-    step = 0
-    while step < 100000:
-        time.sleep(STEP_SECONDS)
-        tensor = torch.ones(1000)
-        dist.all_reduce(tensor)
-        step += 1
-        journal.write(json.dumps({"event": "step", "step": step, "world": dist.get_world_size(),
-                                  "rank": dist.get_rank(), "time": time.time()}) + "\\n")
-    """
-).replace("STEP_SECONDS", str(STEP_SECONDS))
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _steps(journal: Path) -> list[dict[str, float]]:
-    if not journal.exists():
-        return []
-    records = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
-    return [r for r in records if r["event"] == "step"]
-
-
-def _pause(survivor_journal: Path, changed_at: float) -> float:
-    """The longest gap between consecutive completed steps around the change."""
-    times = sorted(r["time"] for r in _steps(survivor_journal))
-    window = [t for t in times if t >= changed_at - 1.0]
-    return max(later - earlier for earlier, later in pairwise(window))
-
-
-def _trained_after(journal: Path, world: int, moment: float) -> bool:
-    return any(r["world"] == world and r["time"] > moment for r in _steps(journal))
-
-
-def _last_world(journal: Path) -> float:
-    steps = _steps(journal)
-    return steps[-1]["world"] if steps else 0
 
 
 def measure_ebbflow(scenario: str, root: Path) -> float:
@@ -107,8 +63,8 @@ def measure_ebbflow(scenario: str, root: Path) -> float:
         survivor = next(n for n in nodes if n is not victim)
         changed_at = time.time()
         victim.kill_tree() if scenario == "sigkill" else victim.terminate()
-        wait_for(lambda: _trained_after(survivor.journal, 2, changed_at), 300, "a step at world size 2")
-        return _pause(survivor.journal, changed_at)
+        wait_for(lambda: trained_after(survivor.journal, 2, changed_at), 300, "a step at world size 2")
+        return pause(survivor.journal, changed_at)
 
 
 def _ebbflow_join(job: Job) -> float:
@@ -121,14 +77,14 @@ def _ebbflow_join(job: Job) -> float:
         lambda: "attempts to join" in newcomer.log.read_text(errors="replace"), 300, "the newcomer ready"
     )
     asked_at = time.time()
-    wait_for(lambda: _trained_after(nodes[0].journal, 3, asked_at), 300, "a step at world size 3")
-    return _pause(nodes[0].journal, asked_at)
+    wait_for(lambda: trained_after(nodes[0].journal, 3, asked_at), 300, "a step at world size 3")
+    return pause(nodes[0].journal, asked_at)
 
 
 def measure_torchrun(scenario: str, root: Path) -> float:
     script = root / "baseline.py"
-    script.write_text(BASELINE_SCRIPT)
-    port = _free_port()
+    script.write_text(stock_script())
+    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     nodes: list[Node] = []
 
@@ -144,13 +100,13 @@ def measure_torchrun(scenario: str, root: Path) -> float:
         )
         nodes.append(Node(f"baseline{index}", process, root, journal, root / f"baseline{index}.log"))
         if index == 0:  # the first agent hosts the store; the others dial it
-            wait_for(lambda: _listening(port), 120, "the first agent's store")
+            wait_for(lambda: listening(port), 120, "the first agent's store")
         return nodes[-1]
 
     try:
         for _ in range(3):
             start_agent()
-        wait_for(lambda: all(_last_world(n.journal) == 3 for n in nodes), 300, "stock world of 3")
+        wait_for(lambda: all(last_world(n.journal) == 3 for n in nodes), 300, "stock world of 3")
         survivor = nodes[1]  # nodes[0] hosts the store
         changed_at = time.time()
         if scenario == "sigkill":
@@ -159,13 +115,13 @@ def measure_torchrun(scenario: str, root: Path) -> float:
             nodes[2].process.send_signal(signal.SIGTERM)
         try:
             wait_for(
-                lambda: _trained_after(survivor.journal, 2, changed_at),
+                lambda: trained_after(survivor.journal, 2, changed_at),
                 BASELINE_PATIENCE,
                 "stock torchrun to train again at world size 2",
             )
         except TimeoutError:
             return math.inf  # never resumed within the patience: report that, not a number
-        return _pause(survivor.journal, changed_at)
+        return pause(survivor.journal, changed_at)
     finally:
         for node in nodes:
             if node.process.poll() is None:
@@ -186,15 +142,23 @@ def main() -> None:
     parser.add_argument("--scenario", choices=("sigkill", "sigterm", "join"), default="sigkill")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument(
-        "--systems", nargs="+", choices=("ebbflow", "torchrun"), default=["ebbflow", "torchrun"]
+        "--systems",
+        nargs="+",
+        choices=("ebbflow", "torchrun", "torchft", "dlrover"),
+        default=["ebbflow", "torchrun"],
     )
     args = parser.parse_args()
     if args.scenario == "join" and "torchrun" in args.systems:
         parser.error(
-            "--scenario join measures Ebbflow only so far: stock torchrun's agent logs no join attempt "
-            "to time the pause from; run it with --systems ebbflow"
+            "--scenario join leaves stock torchrun out: its agent logs no join attempt to time the "
+            "pause from; run it with --systems ebbflow torchft"
         )
-    measures = {"ebbflow": measure_ebbflow, "torchrun": measure_torchrun}
+    measures: dict[str, Callable[[str, Path], float]] = {
+        "ebbflow": measure_ebbflow,
+        "torchrun": measure_torchrun,
+        "torchft": measure_torchft,
+        "dlrover": measure_dlrover,
+    }
     results: dict[str, list[float]] = {name: [] for name in args.systems}
     for repeat in range(args.repeats):
         for name in args.systems:
@@ -205,12 +169,12 @@ def main() -> None:
             print(json.dumps({"system": name, "scenario": args.scenario, "repeat": repeat, "pause_s": shown}))
     summary: dict[str, object] = {"scenario": args.scenario, "repeats": args.repeats}
     summary.update({name: _figures(pauses) for name, pauses in results.items()})
-    if "ebbflow" in results and "torchrun" in results:
-        ebbflow, stock = sorted(results["ebbflow"]), sorted(results["torchrun"])
-        median_ratio = stock[len(stock) // 2] / ebbflow[len(ebbflow) // 2]
-        summary["torchrun_over_ebbflow_median"] = (
-            "inf" if math.isinf(median_ratio) else round(median_ratio, 1)
-        )
+    ebbflow = sorted(results.get("ebbflow", []))
+    for peer in ("torchrun", "torchft", "dlrover"):
+        if ebbflow and peer in results:
+            theirs = sorted(results[peer])
+            ratio = theirs[len(theirs) // 2] / ebbflow[len(ebbflow) // 2]
+            summary[f"{peer}_over_ebbflow_median"] = "inf" if math.isinf(ratio) else round(ratio, 1)
     print(json.dumps(summary))
 
 

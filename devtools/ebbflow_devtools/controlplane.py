@@ -19,7 +19,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import yaml
+
+from ebbflow_devtools.ports import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TOOLS_BIN = Path(os.environ.get("EBBFLOW_TOOLS_BIN", REPO_ROOT / ".tools" / "bin"))
@@ -228,7 +229,7 @@ def start_control_plane(
     root = Path(tempfile.mkdtemp(prefix="ebbflow-cp-")) if workdir is None else workdir
     root.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(16)
-    ports = _Ports(*_free_ports(6))
+    ports = _Ports(*free_ports(6))
     server = f"https://127.0.0.1:{ports.apiserver}"
     pki = _write_pki(root / "pki")
     kubeconfig = root / "kubeconfig"
@@ -397,20 +398,6 @@ def _terminate(process: subprocess.Popen[bytes], grace: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-
-
-def _free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports; all sockets stay open until every port is chosen."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _await(plane: ControlPlane, deadline: float, what: str, check: Callable[[], bool]) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -17,18 +16,13 @@ from typing import Any
 from ebbflow_api import contract
 from ebbflow_devtools.builders import JobBuilder
 from ebbflow_devtools.controlplane import ControlPlane
+from ebbflow_devtools.ports import free_ports
 
 from .conftest import REPO, Kube
 
 KUBECTL = REPO / ".tools" / "bin" / "kubectl"
 SETTLE = 90  # seconds for the operator to converge; generous for a loaded 2-core machine
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class OperatorProcess:
@@ -40,8 +34,7 @@ class OperatorProcess:
         self.namespace = namespace
         self.node_selector = node_selector
         self.log_path = log
-        self.metrics_port = free_port()
-        self.health_port = free_port()
+        self.metrics_port, self.health_port = free_ports(2)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, *extra: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from ebbflow_api import contract
+from ebbflow_devtools.ports import free_port
 from ebbflow_devtools.testing.trainer_cluster import (
     Job,
     Node,
@@ -171,13 +171,6 @@ def test_a_diverged_job_keeps_its_last_finite_state_and_stops_with_the_nonfinite
         _assert_close(final, clean_prefix)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _nonfinite_steps_metric(port: int) -> float | None:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
@@ -188,7 +181,7 @@ def _nonfinite_steps_metric(port: int) -> float | None:
 
 
 def test_skipped_steps_are_counted_in_the_metric(tmp_path: Path) -> None:
-    limit, port = 6, _free_port()
+    limit, port = 6, free_port()
     # Two-second steps leave several seconds to read the metric while the worker still runs.
     slow = ["--simulated-vnode-seconds", "0.5"]
     with running_job(

@@ -16,6 +16,7 @@ from contextlib import suppress
 from datetime import timedelta
 from typing import Any
 
+from ebbflow_devtools.ports import free_port
 from ebbflow_devtools.testing.trainer_config import trainer_config
 from ebbflow_devtools.waiting import wait_for
 from ebbflow_trainer.launch.rendezvous import HUNG_CALL_GRACE, GenerationRendezvousHandler
@@ -37,7 +38,8 @@ class Partition:
     def __init__(self, target_port: int):
         self._cut = threading.Event()
         self._target = target_port
-        self.port = 0
+        # Out of the ephemeral range: while cut, no client socket can take the port heal() binds again.
+        self.port = free_port()
         self.heal()
 
     def cut(self) -> None:
@@ -47,7 +49,6 @@ class Partition:
 
     def heal(self) -> None:
         self._listener = socket.create_server(("127.0.0.1", self.port))  # the same port again
-        self.port = self._listener.getsockname()[1]
         self._cut.clear()
         threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import urllib.request
 from pathlib import Path
 
 import pytest
 from ebbflow_api import contract
+from ebbflow_devtools.ports import free_port
 from ebbflow_devtools.testing.trainer_config import trainer_config
 from ebbflow_trainer import metrics
 
@@ -17,9 +17,7 @@ SHAPE = metrics.StepShape(world_size=2, micro_batch=8, micro_batches=3, step_sec
 
 
 def test_metrics_endpoint_exposes_the_trainer_series() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     metrics.serve(port)
     metrics.STEP.set(7)
     metrics.RESCALE_PAUSE.observe(2.5)
