@@ -10,8 +10,9 @@ between completed steps around it.
   heartbeats stop. A newcomer joins the next quorum and takes the state from a healthy group over
   HTTP. There is no graceful leave: SIGTERM ends the process like a crash.
 - DLRover (PyPI `dlrover` 0.6.1): its job master on the local platform (`--node_num 3`) and one
-  `dlrover-run --nnodes 2:3` elastic agent per node running the stock script, with its defaults
-  (network check off: it would run a check job before each rendezvous), restarts unbounded.
+  `dlrover-run --nnodes 2:3` elastic agent per node running the stock script, restarts unbounded,
+  its rendezvous's last call 1 s instead of 60 (`--rdzv-conf lastcall_timeout=1`), otherwise its
+  defaults (network check off: it would run a check job before each rendezvous).
 
 Neither is a project dependency: `make bench-peers` installs them into `.tools/bench-peers`, which
 only these processes put on their path (the venv's torch serves them).
@@ -42,6 +43,11 @@ PEERS = REPO / ".tools" / "bench-peers"
 # What TorchFT's `torchft_lighthouse` command runs (from a file: it parses the process's own argv).
 LIGHTHOUSE_MAIN = "import sys; from torchft._torchft import lighthouse_main; sys.exit(lighthouse_main())"
 LIGHTHOUSE_FLAGS = ("--min_replicas", "2", "--quorum_tick_ms", "100", "--join_timeout_ms", "10000")
+
+# DLRover's documented rendezvous knob (`--rdzv-conf join_timeout=600,lastcall_timeout=60,...`): its
+# master waits `lastcall_timeout` seconds for more nodes before completing a round below the
+# maximum; 1 s, as Ebbflow's last call (60 s by default: a lost node's round waits it out).
+DLROVER_RDZV_CONF = "lastcall_timeout=1"
 
 # A minimal torchrun training script: one all-reduce per step, a journal line per completed step.
 _STOCK_SCRIPT = textwrap.dedent(
@@ -75,6 +81,10 @@ _REPLICA_SCRIPT = textwrap.dedent(
     def record(event, **fields):
         journal.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\\n")
     record("ready")
+    # The replica group's own store, which torchrun would host for a group of several processes.
+    store = torch.distributed.TCPStore(
+        "127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=True, wait_for_workers=False
+    )
     model = torch.nn.Linear(1000, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
     def state_dict():
@@ -243,7 +253,7 @@ def measure_dlrover(scenario: str, root: Path) -> float:
                 "--nproc_per_node",
                 "1",
             ]
-            command += ["--max_restarts", "100", str(script), str(journal)]
+            command += ["--max_restarts", "100", "--rdzv_conf", DLROVER_RDZV_CONF, str(script), str(journal)]
             process = _spawn(command, log, agent_env)
             processes.append(process)
             nodes.append(Node(name, process, root, journal, log))
