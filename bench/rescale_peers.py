@@ -21,6 +21,7 @@ only these processes put on their path (the venv's torch serves them).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -38,6 +39,8 @@ from ebbflow_devtools.testing.trainer_cluster import Node, descendants
 from ebbflow_devtools.waiting import wait_for
 
 STEP_SECONDS = 0.04
+# How long a side's survivors may take to train again before the pause counts as "never".
+PATIENCE = 150.0
 REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / ".tools" / "bench-peers"
 # What TorchFT's `torchft_lighthouse` command runs (from a file: it parses the process's own argv).
@@ -177,7 +180,10 @@ def _disrupt(scenario: str, nodes: list[Node], victim: Node, survivor: Node) -> 
     wait_for(lambda: all(last_world(n.journal) == 3 for n in nodes), 300, "a world of 3")
     changed_at = time.time()
     victim.kill_tree() if scenario == "sigkill" else victim.process.terminate()
-    wait_for(lambda: trained_after(survivor.journal, 2, changed_at), 300, "a step at world size 2")
+    try:
+        wait_for(lambda: trained_after(survivor.journal, 2, changed_at), PATIENCE, "a step at world size 2")
+    except TimeoutError:
+        return math.inf  # never trained again within the patience: reported as such, not as a number
     return pause(survivor.journal, changed_at)
 
 
@@ -216,7 +222,10 @@ def measure_torchft(scenario: str, root: Path) -> float:
         newcomer = start_node()
         wait_for(lambda: newcomer.events("ready"), 300, "the newcomer's imports done")
         ready_at = float(newcomer.events("ready")[0]["time"])
-        wait_for(lambda: trained_after(first.journal, 3, ready_at), 300, "a step at world size 3")
+        try:
+            wait_for(lambda: trained_after(first.journal, 3, ready_at), PATIENCE, "a step at world size 3")
+        except TimeoutError:
+            return math.inf
         return pause(first.journal, ready_at)
 
 

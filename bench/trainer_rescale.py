@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from ebbflow_devtools.ports import free_port
 from ebbflow_devtools.testing.trainer_cluster import Job, Node, running_job
 from ebbflow_devtools.waiting import wait_for
 from rescale_peers import (
+    PATIENCE,
     STEP_SECONDS,
     last_world,
     listening,
@@ -47,8 +49,8 @@ from rescale_peers import (
     trained_after,
 )
 
-# How long to wait for stock torchrun's survivors to train again before calling it "never".
-BASELINE_PATIENCE = 150.0
+# Where the logs of a run whose survivors never trained again are kept.
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def measure_ebbflow(scenario: str, root: Path) -> float:
@@ -116,7 +118,7 @@ def measure_torchrun(scenario: str, root: Path) -> float:
         try:
             wait_for(
                 lambda: trained_after(survivor.journal, 2, changed_at),
-                BASELINE_PATIENCE,
+                PATIENCE,
                 "stock torchrun to train again at world size 2",
             )
         except TimeoutError:
@@ -164,6 +166,10 @@ def main() -> None:
         for name in args.systems:
             with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as root:
                 pause = measures[name](args.scenario, Path(root))
+                if math.isinf(pause):
+                    kept = RESULTS / f"rescale-{args.scenario}-{name}-{repeat}"
+                    shutil.copytree(root, kept, dirs_exist_ok=True)
+                    print(f"{name} never trained again; its logs: {kept}", file=sys.stderr)
             results[name].append(pause)
             shown = None if math.isinf(pause) else pause
             print(json.dumps({"system": name, "scenario": args.scenario, "repeat": repeat, "pause_s": shown}))
