@@ -144,8 +144,9 @@ def test_a_torchrun_script_and_a_hugging_face_trainer_train_through_a_node_taken
 
     step = _last_step(shared_claim, "digits-torchrun")
     poll(lambda: _last_step(shared_claim, "digits-torchrun") >= step + 40, JOB_DEADLINE_S, "40 steps on two")
-    kind.bring_node_back(node)
+    # Counted before the node returns: its world of three may start while bring_node_back still waits.
     middle = {job: len(_starts(shared_claim, job)) for job in ("digits-torchrun", "hf-trainer")}
+    kind.bring_node_back(node)
     poll(
         lambda: _world_of(shared_claim, "digits-torchrun", 3, middle["digits-torchrun"]),
         JOB_DEADLINE_S,
