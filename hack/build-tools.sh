@@ -26,6 +26,7 @@ KUBERNETES_VERSION=$(module_version "$KUBE_GRAPH/go.mod" k8s.io/kubernetes)
 KWOK_VERSION=$(module_version "$KUBE_GRAPH/go.mod" sigs.k8s.io/kwok)
 HELM_VERSION=$(module_version "$KUBE_GRAPH/go.mod" helm.sh/helm/v3)
 CRICTL_VERSION=$(module_version "$KUBE_GRAPH/go.mod" sigs.k8s.io/cri-tools)
+LOCAL_PATH_VERSION=$(module_version "$KUBE_GRAPH/go.mod" github.com/rancher/local-path-provisioner)
 ETCD_VERSION=$(module_version "$ROOT/hack/tools/etcd/go.mod" go.etcd.io/etcd/server/v3)
 KIND_VERSION=v0.32.0
 # For the kind node image (hack/kind/): not part of the default set. (CoreDNS: its wrapper module
@@ -33,7 +34,6 @@ KIND_VERSION=v0.32.0
 COREDNS_VERSION=v1.15.0
 FLANNEL_VERSION=v0.28.10
 CNI_PLUGINS_VERSION=v1.9.1
-LOCAL_PATH_VERSION=v0.0.30
 # Prometheus 3.16.0 (Go module version v0.316.0) for hack/prometheus/: not part of the default set.
 PROMETHEUS_VERSION=$(awk '$1 == "github.com/prometheus/prometheus" {print $2; exit}' "$ROOT/hack/prometheus/tools/go.mod")
 # kube-router's NetworkPolicy controller for hack/kube-router/ (NetworkPolicy in the kind cluster): not in the default set.
@@ -277,7 +277,7 @@ build() {
     flannel) build_flannel ;;
     crictl) build_in_kube_graph crictl "$CRICTL_VERSION" sigs.k8s.io/cri-tools/cmd/crictl "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" ;;
     cni-plugins) build_cni_plugins ;;
-    local-path-provisioner) build_module local-path-provisioner github.com/rancher/local-path-provisioner "$LOCAL_PATH_VERSION" ;;
+    local-path-provisioner) build_in_kube_graph local-path-provisioner "$LOCAL_PATH_VERSION" github.com/rancher/local-path-provisioner ;;
     # Prometheus and promtool for hack/prometheus/ (e2e tier, demo); not in the default set.
     prometheus) build_prometheus ;;
     # kube-router for hack/kube-router/ (NetworkPolicy enforcement in the kind cluster); not in the default set.
@@ -311,7 +311,7 @@ if (($#)); then want=("$@"); else want=(kubernetes etcd kwok helm kind prometheu
 first_lane=() second_lane=()
 for tool in "${want[@]}"; do
   case $tool in
-    kubernetes | kubernetes-node | helm | kwok | crictl | kube-router) first_lane+=("$tool") ;;
+    kubernetes | kubernetes-node | helm | kwok | crictl | local-path-provisioner | kube-router) first_lane+=("$tool") ;;
     *) second_lane+=("$tool") ;;
   esac
 done

@@ -31,7 +31,7 @@ ETCD_VERSION=$(mod_version etcd go.etcd.io/etcd/server/v3)
 tool_var() { awk -F= -v v="$1" '$1 == v {print $2}' "$ROOT/hack/build-tools.sh"; }
 COREDNS_VERSION=$(tool_var COREDNS_VERSION)
 FLANNEL_VERSION=$(tool_var FLANNEL_VERSION)
-LOCAL_PATH_VERSION=$(tool_var LOCAL_PATH_VERSION)
+LOCAL_PATH_VERSION=$(mod_version kubernetes github.com/rancher/local-path-provisioner)
 KIND_VERSION=$(tool_var KIND_VERSION)
 
 log() { echo "[node-image] $*" >&2; }

@@ -1,5 +1,5 @@
 // Wrapper module: one module graph for the Kubernetes commands (control plane, node, kubectl) and the
-// tools on the same Kubernetes libraries (Helm, KWOK, crictl), built from the Go module proxy
+// tools on the same Kubernetes libraries (Helm, KWOK, crictl, local-path-provisioner), built from the Go module proxy
 // (hack/build-tools.sh; tools.go lists them).
 // k8s.io/kubernetes requires its staging modules at v0.0.0 with replace directives that
 // point into its own tree; go install refuses that, so we replace each with its published tag.
@@ -10,6 +10,7 @@ go 1.26.2
 godebug default=go1.26
 
 require (
+	github.com/rancher/local-path-provisioner v0.0.30
 	helm.sh/helm/v3 v3.21.4
 	k8s.io/kubernetes v1.36.3
 	sigs.k8s.io/cri-tools v1.36.0
@@ -33,6 +34,7 @@ require (
 	github.com/Microsoft/hnslib v0.1.2 // indirect
 	github.com/NYTimes/gziphandler v1.1.1 // indirect
 	github.com/ProtonMail/go-crypto v1.4.1 // indirect
+	github.com/Sirupsen/logrus v0.11.0 // indirect
 	github.com/antlr4-go/antlr/v4 v4.13.0 // indirect
 	github.com/asaskevich/govalidator v0.0.0-20230301143203-a9d515a09cc2 // indirect
 	github.com/bahlo/generic-list-go v0.2.0 // indirect
@@ -121,6 +123,7 @@ require (
 	github.com/mattn/go-colorable v0.1.13 // indirect
 	github.com/mattn/go-isatty v0.0.20 // indirect
 	github.com/mattn/go-runewidth v0.0.19 // indirect
+	github.com/miekg/dns v1.1.57 // indirect
 	github.com/mistifyio/go-zfs v2.1.2-0.20190413222219-f784269be439+incompatible // indirect
 	github.com/mitchellh/copystructure v1.2.0 // indirect
 	github.com/mitchellh/go-wordwrap v1.0.1 // indirect
@@ -160,6 +163,7 @@ require (
 	github.com/spf13/cobra v1.10.2 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/stoewer/go-strcase v1.3.0 // indirect
+	github.com/urfave/cli v1.19.1 // indirect
 	github.com/urfave/cli/v2 v2.27.7 // indirect
 	github.com/vishvananda/netlink v1.3.1 // indirect
 	github.com/vishvananda/netns v0.0.5 // indirect
@@ -252,6 +256,7 @@ require (
 	sigs.k8s.io/kustomize/kustomize/v5 v5.8.1 // indirect
 	sigs.k8s.io/kustomize/kyaml v0.21.1 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
+	sigs.k8s.io/sig-storage-lib-external-provisioner/v10 v10.0.1 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.3.3 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
