@@ -50,7 +50,7 @@ $(INSTALL_STAMP): $(PYPROJECTS) hack/images/constraints.txt hack/images/wheelhou
 
 install: $(INSTALL_STAMP) ## Virtualenv in .venv with an editable install and all extras.
 
-tools: ## Build the pinned tools (default: control plane, kubectl, etcd, KWOK, Helm, kind, Prometheus; or TOOLS="...") into .tools/bin (cached per machine).
+tools: ## Build the pinned tools (default: control plane, kubectl, etcd, KWOK, Helm, kind, Prometheus, Kueue; or TOOLS="...") into .tools/bin (cached per machine).
 	@bash hack/build-tools.sh $(TOOLS)
 
 cluster-up: install tools ## Start a local control plane with fake GPU nodes; kubeconfig in .cluster/kubeconfig.

@@ -262,6 +262,37 @@ build_training_operator() {
   echo "  training-operator $TRAINING_OPERATOR_VERSION (in $dir)"
 }
 
+# build_kueue: Kueue's manager from the wrapper module hack/tools/kueue (main.go copied from the module
+# cache with the changes its go.mod states), cached under the version and the module's digest; its
+# CRDs and webhook configurations, copied from config/components/{crd/bases,webhook} into
+# $TOOLS_BIN/../kueue/ for the tests that install them.
+build_kueue() {
+  local module=$ROOT/hack/tools/kueue version src work
+  version=$(module_version "$module/go.mod" sigs.k8s.io/kueue)
+  local dir=$TOOLS_CACHE/kueue-$version-$(cat "$module/go.mod" "$module/go.sum" | sha256sum | cut -c1-12)
+  if [[ ! -x $dir/kueue ]]; then
+    echo "building kueue $version"
+    mkdir -p "$dir/manifests/crds"
+    work=$(mktemp -d)
+    cp "$module/go.mod" "$module/go.sum" "$work/"
+    src=$(cd "$work" && go mod download -json "sigs.k8s.io/kueue@$version" | awk -F'"' '$2 == "Dir" {print $4}')
+    sed -e 's|_ "sigs.k8s.io/kueue/pkg/controller/jobs"$|_ "sigs.k8s.io/kueue/pkg/controller/jobs/job"|' \
+      -e 's|metricsCertPath := "/etc/kueue/metrics/certs"|metricsCertPath := func() string { if dir := os.Getenv("KUEUE_METRICS_CERT_DIR"); dir != "" { return dir }; return "/etc/kueue/metrics/certs" }()|' \
+      "$src/cmd/kueue/main.go" >"$work/main.go"
+    grep -q KUEUE_METRICS_CERT_DIR "$work/main.go" # the line changed upstream: update the sed
+    (cd "$work" && go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version" \
+      -o "$dir/kueue.tmp" .)
+    rm -rf "$work"
+    cp "$src"/config/components/crd/bases/*.yaml "$dir/manifests/crds/"
+    cp "$src"/config/components/webhook/manifests.yaml "$dir/manifests/webhooks.yaml"
+    mv -f "$dir/kueue.tmp" "$dir/kueue"
+  fi
+  rm -rf "$TOOLS_BIN/../kueue"
+  cp -r "$dir/manifests" "$TOOLS_BIN/../kueue"
+  cp -f "$dir/kueue" "$TOOLS_BIN/kueue.tmp" && mv -f "$TOOLS_BIN/kueue.tmp" "$TOOLS_BIN/kueue"
+  echo "  kueue $version"
+}
+
 # build TOOL: one tool (cached: a copy), its build time appended to $EBBFLOW_TIMINGS when it was built.
 build() {
   local tool=$1 started=$SECONDS
@@ -286,8 +317,10 @@ build() {
     prometheus-operator) build_prometheus_operator ;;
     # Kubeflow's training-operator for hack/kubeflow/ (benchmark baseline); not in the default set.
     training-operator) build_training_operator ;;
+    # Kueue's manager and CRDs for the integration tier's Kueue tests (tests/integration/test_kueue.py).
+    kueue) build_kueue ;;
     training-operator-source) (cd "$ROOT/hack/kubeflow/tools" && go mod download -json github.com/kubeflow/training-operator | awk -F'"' '$2 == "Dir" {print $4}') ;;
-    *) echo "unknown tool '$tool' (known: kubernetes etcd kwok helm kind; for kind nodes: kubernetes-node coredns flannel crictl cni-plugins local-path-provisioner; other: prometheus prometheus-operator kube-router training-operator training-operator-source)" >&2; return 2 ;;
+    *) echo "unknown tool '$tool' (known: kubernetes etcd kwok helm kind kueue; for kind nodes: kubernetes-node coredns flannel crictl cni-plugins local-path-provisioner; other: prometheus prometheus-operator kube-router training-operator training-operator-source)" >&2; return 2 ;;
   esac
   if ((SECONDS - started > 2)) && [[ -n ${EBBFLOW_TIMINGS:-} ]]; then
     echo "  make tools, $tool built: $((SECONDS - started)) s" >>"$EBBFLOW_TIMINGS"
@@ -307,7 +340,7 @@ build_in_order() {
 # but its links and long dependency chains are serial, so two lanes fill the cores where one leaves
 # gaps; a warm machine copies the tools in seconds either way. The second lane's output comes after
 # the first's, whole.
-if (($#)); then want=("$@"); else want=(kubernetes etcd kwok helm kind prometheus); fi
+if (($#)); then want=("$@"); else want=(kubernetes etcd kwok helm kind prometheus kueue); fi
 first_lane=() second_lane=()
 for tool in "${want[@]}"; do
   case $tool in

@@ -3,7 +3,8 @@
 `JobBuilder` starts from a small valid ElasticTrainingJob and changes only what the caller cares
 about, `JobBuilder("train").replicas(1, 4).gpus(2).priority(10).obj()`: the plain manifest a user
 would `kubectl apply`; `model()` validates it with the API models. `make_job`, `make_pod`,
-`make_node` and the demand builders give the objects as the operator's decision layer sees them.
+`make_node` and the demand builders give the objects as the operator's decision layer sees them;
+`WorkloadBuilder` a Kueue Workload slice of a job in the states Kueue leaves it in.
 Jobs go through the real parsing path (`JobBuilder` manifest -> `parse_job`), so a test can never
 hold a job the API server would not accept.
 """
@@ -17,8 +18,9 @@ from typing import Any, Self
 
 from ebbflow_api import contract
 from ebbflow_api.models import GPU_RESOURCE, ElasticTrainingJob
+from ebbflow_operator.decision import kueue
 from ebbflow_operator.decision.allocator import Demand
-from ebbflow_operator.decision.model import Job, Node, Pod, format_time, parse_job
+from ebbflow_operator.decision.model import QUEUE_LABEL, Job, Node, Pod, format_time, parse_job
 from ebbflow_operator.decision.plan import Plan
 from ebbflow_operator.decision.planner import writes_of
 
@@ -85,6 +87,11 @@ class JobBuilder:
     def set(self, **fields: Any) -> Self:
         """Any other spec field by its API name, e.g. `.set(priority=10, leaveGraceSeconds=5)`."""
         self._spec.update(fields)
+        return self
+
+    def queue(self, name: str) -> Self:
+        """Submit the job to a Kueue LocalQueue (its queue-name label)."""
+        self._manifest["metadata"].setdefault("labels", {})[QUEUE_LABEL] = name
         return self
 
     def priority(self, value: int) -> Self:
@@ -250,3 +257,70 @@ def with_writes(plan: Plan, service_accounts: Mapping[str, str] | None = None) -
     """`plan` carrying the writes its fields call for, as the planner emits them (a test builds the
     fields by hand)."""
     return replace(plan, writes=writes_of(plan, service_accounts or {}))
+
+
+class WorkloadBuilder:
+    """A Kueue Workload slice of `job` as the operator creates it, then as Kueue leaves it:
+    `WorkloadBuilder(job).admitted(4).parsed()`. Conditions carry NOW as their transition time."""
+
+    def __init__(self, job: Job, index: int = 1, workers: int | None = None) -> None:
+        count = job.spec.replicas.max if workers is None else workers
+        self._raw = kueue.slice_body(job, index, count, None)
+        metadata = self._raw["metadata"]
+        metadata |= {"uid": f"uid-{metadata['name']}", "resourceVersion": "7", "generation": 1}
+        metadata["creationTimestamp"] = format_time(NOW - 100 + index)
+        self._raw["status"] = {}
+
+    def _condition(self, kind: str, status: bool, reason: str, message: str = "") -> Self:
+        conditions = [c for c in self._raw["status"].get("conditions", []) if c["type"] != kind]
+        conditions.append(
+            {
+                "type": kind,
+                "status": "True" if status else "False",
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": format_time(NOW),
+            }
+        )
+        self._raw["status"]["conditions"] = conditions
+        return self
+
+    def replacing(self, other: str) -> Self:
+        """A replacement slice (Kueue's workload-slice-replacement-for annotation)."""
+        self._raw["metadata"]["annotations"][kueue.REPLACEMENT_ANNOTATION] = f"ns/{other}"
+        self._raw["spec"]["podSets"][0].pop("minCount", None)
+        return self
+
+    def pending(
+        self, message: str = "couldn't assign flavors to pod set workers: insufficient quota"
+    ) -> Self:
+        return self._condition("QuotaReserved", False, "Pending", message)
+
+    def admitted(
+        self, workers: int | None = None, cluster_queue: str = "team", flavor: str = "default"
+    ) -> Self:
+        """Kueue reserved quota for `workers` workers (its partial admission; default: the count),
+        their GPUs from `flavor`."""
+        count = workers or self._raw["spec"]["podSets"][0]["count"]
+        assigned = {"name": kueue.WORKERS, "count": count, "flavors": {GPU_RESOURCE: flavor}}
+        rendezvous = {"name": kueue.RENDEZVOUS, "count": 1, "flavors": {"cpu": flavor}}
+        self._raw["status"]["admission"] = {
+            "clusterQueue": cluster_queue,
+            "podSetAssignments": [assigned, rendezvous],
+        }
+        self._condition("QuotaReserved", True, "QuotaReserved")
+        return self._condition("Admitted", True, "Admitted")
+
+    def evicted(
+        self, reason: str = "Preempted", message: str = "Preempted to accommodate a workload"
+    ) -> Self:
+        return self._condition("Evicted", True, reason, message)
+
+    def finished(self) -> Self:
+        return self._condition("Finished", True, "OutOfSync")
+
+    def obj(self) -> dict[str, Any]:
+        return copy.deepcopy(self._raw)
+
+    def parsed(self) -> kueue.Workload:
+        return kueue.parse_workload(self.obj())

@@ -139,6 +139,20 @@ class ControlPlane:
             self.restart(component)
         return [c.name for c in exited]
 
+    def start_component(self, name: str, command: list[str], env: dict[str, str] | None = None) -> Component:
+        """One more process run with the plane (stopped by `stop`), logging to logs/<name>.log;
+        `env`: its whole environment (default: this process's)."""
+        log_path = self.workdir / "logs" / f"{name}.log"
+        with log_path.open("wb") as log:
+            process = _popen(command, log, self.workdir, env)
+        component = Component(name, process, log_path, command)
+        self.components.append(component)
+        return component
+
+    def await_http(self, what: str, url: str, timeout: float) -> None:
+        """Waits until `url` answers 200 (any component exiting first raises, with its log)."""
+        _await(self, time.monotonic() + timeout, what, functools.partial(_http_ok, url))
+
     def _apiserver(self) -> Component:
         return next(c for c in self.components if c.name == "kube-apiserver")
 
@@ -377,10 +391,13 @@ def _starter(plane: ControlPlane, tools_bin: Path, logs: Path) -> Callable[[str,
     return start
 
 
-def _popen(command: list[str], log: IO[bytes], cwd: Path) -> subprocess.Popen[bytes]:
+def _popen(
+    command: list[str], log: IO[bytes], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """A component's process: output to its log, no stdin, killed when the parent dies."""
     return subprocess.Popen(
         command,
+        env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,

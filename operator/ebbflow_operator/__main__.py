@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import kopf
 from kubernetes import client, config
 
-from . import handlers  # noqa: F401  (registers the kopf handlers)
+from . import handlers
 from .decision.plan import PlannerConfig
 from .kube import KubeIO
 from .leader import ElectionConfig, Elector
@@ -153,6 +153,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "GPUs that speed jobs up most, from the trainers' measured step times) or quality (SLAQ: "
         f"the largest predicted loss reduction) (default {_OPERATOR.policy}; env {ENV_PREFIX}POLICY)",
     )
+    parser.add_argument(
+        "--kueue",
+        type=_boolean,
+        default=_boolean(_env("KUEUE", "false")),
+        help="jobs labeled kueue.x-k8s.io/queue-name run only what Kueue admits, through Workloads the "
+        "operator creates (needs Kueue with ElasticJobsViaWorkloadSlices; env EBBFLOW_OPERATOR_KUEUE) "
+        "(default false)",
+    )
     _election_arguments(parser)
     return parser.parse_args(argv)
 
@@ -248,7 +256,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         relist_interval=args.relist_interval,
         max_writes_per_pass=args.max_writes_per_pass,
         policy=args.policy,
+        kueue=args.kueue,
     )
+    if args.kueue:
+        handlers.watch_workloads()
     metrics = Metrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_address)

@@ -62,6 +62,24 @@ def network_policy_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> N
     _observe("networkpolicies", event, memo)
 
 
+def workload_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """Kueue's Workloads of the jobs; registered only with Kueue enabled (`watch_workloads`)."""
+    _observe("workloads", event, memo)
+
+
+def flavor_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """Kueue's ResourceFlavors; registered only with Kueue enabled (`watch_workloads`)."""
+    _observe("resourceflavors", event, memo)
+
+
+def watch_workloads() -> None:
+    """Watch the Workloads the operator creates and Kueue's ResourceFlavors (the chart grants the
+    RBAC only with Kueue on)."""
+    labels = {contract.LABEL_JOB_NAME: kopf.PRESENT}
+    kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads", labels=labels)(workload_changed)
+    kopf.on.event("kueue.x-k8s.io", "v1beta2", "resourceflavors")(flavor_changed)
+
+
 @kopf.on.event("", "v1", "nodes")
 def node_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     _observe("nodes", event, memo)

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 NETWORKING_PREFIX = "/apis/networking.k8s.io/v1"
 COORDINATION_PREFIX = "/apis/coordination.k8s.io/v1"
+KUEUE_PREFIX = "/apis/kueue.x-k8s.io/v1beta2"
 LIST_PAGE_SIZE = 500  # items per page of a full list (the API server's own default chunk for informers)
 
 
@@ -51,7 +52,7 @@ class KubeIO:
         self,
         method: str,
         path: str,
-        body: Json | None = None,
+        body: Json | list[Json] | None = None,
         query: Sequence[tuple[str, str]] = (),
         content_type: str = "application/json",
     ) -> Json:
@@ -134,6 +135,14 @@ class KubeIO:
         paths = self._scoped("networkpolicies", NETWORKING_PREFIX)
         return self._list(paths, selector=contract.LABEL_JOB_NAME)
 
+    def list_workloads(self) -> tuple[Iterator[Json], int]:
+        """Kueue Workloads the operator created (they carry the job label); only with Kueue enabled."""
+        return self._list(self._scoped("workloads", KUEUE_PREFIX), selector=contract.LABEL_JOB_NAME)
+
+    def list_resource_flavors(self) -> tuple[Iterator[Json], int]:
+        """Kueue's ResourceFlavors (cluster-scoped): the node labels and tolerations of admitted pods."""
+        return self._list([f"{KUEUE_PREFIX}/resourceflavors"])
+
     # --- writes -------------------------------------------------------------------------------------
 
     # Each write returns the object as the API server now has it (None when there was nothing to do),
@@ -148,6 +157,24 @@ class KubeIO:
     def create_network_policy(self, namespace: str, body: Json) -> Json | None:
         path = f"{NETWORKING_PREFIX}/namespaces/{namespace}/networkpolicies"
         return _tolerate(409, self._request, "POST", path, body)
+
+    def create_workload(self, namespace: str, body: Json) -> Json | None:
+        return _tolerate(409, self._request, "POST", f"{KUEUE_PREFIX}/namespaces/{namespace}/workloads", body)
+
+    def patch_workload(self, namespace: str, name: str, patch: Sequence[Json], status: bool) -> Json | None:
+        """A JSON patch of the Workload (or its status); it tests the uid and resourceVersion first,
+        so a Workload that changed since the pass saw it is left alone (the next pass decides again),
+        as is one that is gone."""
+        path = f"{KUEUE_PREFIX}/namespaces/{namespace}/workloads/{name}" + ("/status" if status else "")
+        try:
+            return _tolerate(
+                404, self._request, "PATCH", path, list(patch), (), "application/json-patch+json"
+            )
+        except KubeError as error:
+            if error.status == 422 and "test" in error.body:
+                log.debug("workload %s/%s changed since the pass saw it: %s", namespace, name, error.body)
+                return None
+            raise
 
     # --- the leader election's Lease (leader.LeaseIO) -----------------------------------------------
 

@@ -1,13 +1,13 @@
 """The reconcile loop: runs a pass over the whole cluster whenever something changes, and applies
 the plans it decides.
 
-Level-triggered: a pass reads the cache (nodes, pods, Services and jobs, fed by watch events and by
-periodic full lists, which run in a thread of their own), calls the pure `decide` (decide.py) for
-every job's plan, then executes each plan's writes (`decision.writes`: typed, complete, in order;
-the loop builds no body and decides nothing). Nothing is carried from one pass to the next except what
-the API holds (the jobs' status), so a restarted operator picks up exactly where the old one
-stopped. Watch events only wake the loop; a periodic resync covers anything no event announces
-(e.g. other workloads' pods).
+Level-triggered: a pass reads the cache (nodes, pods, Services, jobs and, under Kueue, Workloads;
+fed by watch events and by periodic full lists, which run in a thread of their own), calls the pure
+`decide` (decide.py) for every job's plan, then executes each plan's writes (`decision.writes`:
+typed, complete, in order; the loop builds no body and decides nothing). Nothing is carried from
+one pass to the next except what the API holds (the jobs' status), so a restarted operator picks
+up exactly where the old one stopped. Watch events only wake the loop; a periodic resync covers
+anything no event announces (e.g. other workloads' pods).
 
 Invariants: every write goes through `ClusterIO` (KubeIO in production, an in-memory fake in
 tests) and fails only with `KubeError`; per job, the writes run in the plan's order (the status
@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -29,9 +29,10 @@ from ebbflow_api import contract
 from .cache import Store
 from .decision.allocator import Policy, PriorityFairShare
 from .decision.decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
+from .decision.kueue import parse_flavor, parse_workload
 from .decision.model import Job, JobKey, Json, Node, Pod, parse_job, parse_node, parse_pod
 from .decision.plan import Plan
-from .decision.writes import AnnotatePod, ChildKind, CreateChild, DeletePod, PatchStatus, Write
+from .decision.writes import AnnotatePod, ChildKind, CreateChild, DeletePod, PatchStatus, PatchWorkload, Write
 from .errors import KubeError
 from .metrics import JobSample, Metrics
 from .policies import policy_named
@@ -68,9 +69,15 @@ class ClusterIO(Protocol):
     def list_jobs(self) -> tuple[Iterable[Json], int]: ...
     def list_services(self) -> tuple[Iterable[Json], int]: ...
     def list_network_policies(self) -> tuple[Iterable[Json], int]: ...
+    def list_workloads(self) -> tuple[Iterable[Json], int]: ...
+    def list_resource_flavors(self) -> tuple[Iterable[Json], int]: ...
     def create_pod(self, namespace: str, body: Json) -> Json | None: ...
     def create_service(self, namespace: str, body: Json) -> Json | None: ...
     def create_network_policy(self, namespace: str, body: Json) -> Json | None: ...
+    def create_workload(self, namespace: str, body: Json) -> Json | None: ...
+    def patch_workload(
+        self, namespace: str, name: str, patch: Sequence[Json], status: bool
+    ) -> Json | None: ...
     def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> Json | None: ...
     def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Json) -> Json | None: ...
     def patch_job_status(self, namespace: str, name: str, patch: Json) -> Json | None: ...
@@ -108,6 +115,9 @@ class Reconciler:
             "services": _child_key,
             "networkpolicies": _child_key,
         }
+        if config.kueue:
+            parsers["workloads"] = parse_workload
+            parsers["resourceflavors"] = parse_flavor
         self.stores: dict[str, Store[Any]] = {
             kind: Store(parse, kind, metrics.cache_unparsable.labels(kind).inc)
             for kind, parse in parsers.items()
@@ -140,6 +150,9 @@ class Reconciler:
             "services": self.io.list_services,
             "networkpolicies": self.io.list_network_policies,
         }
+        if self.config.kueue:
+            lists["workloads"] = self.io.list_workloads
+            lists["resourceflavors"] = self.io.list_resource_flavors
         for kind, call in lists.items():
             items, version = call()
             drift = self.stores[kind].replace(items, version)
@@ -230,7 +243,22 @@ class Reconciler:
         observed = time.monotonic()
         when = time.time() if now is None else now
         policy = self._policy(nodes, pods, jobs, when)
-        result = decide(nodes, pods, jobs, services, network_policies, when, self.config, policy, self._memo)
+        kueue = self.config.kueue
+        workloads = self.stores["workloads"].values() if kueue else []
+        flavors = self.stores["resourceflavors"].values() if kueue else []
+        result = decide(
+            nodes,
+            pods,
+            jobs,
+            services,
+            network_policies,
+            when,
+            self.config,
+            policy,
+            self._memo,
+            workloads,
+            flavors,
+        )
         self._memo = result.memo
         decided = time.monotonic()
         work, later = this_pass(result.plans, self.config.max_writes_per_pass)
@@ -318,6 +346,10 @@ class Reconciler:
                 return io.create_service(ns, body), stores["services"]
             case CreateChild(ChildKind.NETWORK_POLICY, body):
                 return io.create_network_policy(ns, body), stores["networkpolicies"]
+            case CreateChild(ChildKind.WORKLOAD, body):
+                return io.create_workload(ns, body), stores["workloads"]
+            case PatchWorkload(name, patch, status):
+                return io.patch_workload(ns, name, patch, status), stores["workloads"]
             case AnnotatePod(name, uid, annotations):
                 return io.annotate_pod(ns, name, uid, annotations), stores["pods"]
         raise AssertionError(f"unknown write {write!r}")

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import pytest
 import yaml
@@ -46,7 +47,7 @@ class Kube:
     apiextensions: client.ApiextensionsV1Api
 
 
-def _unavailable(reason: str) -> None:
+def unavailable(reason: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"integration tier cannot run in CI: {reason}", pytrace=False)
     pytest.skip(reason)
@@ -56,7 +57,7 @@ def _unavailable(reason: str) -> None:
 def control_plane() -> Iterator[ControlPlane]:
     missing = missing_tools()
     if missing:
-        _unavailable(f"control-plane tools not built ({', '.join(missing)}): run `make tools`")
+        unavailable(f"control-plane tools not built ({', '.join(missing)}): run `make tools`")
 
     # SIGTERM (e.g. a CI timeout) must still run the teardown that removes the temporary folder.
     def interrupt(signum: int, frame: FrameType | None) -> None:
@@ -66,7 +67,7 @@ def control_plane() -> Iterator[ControlPlane]:
     try:
         plane = start_control_plane()
     except ControlPlaneError as error:
-        _unavailable(f"control plane did not start: {error}")
+        unavailable(f"control plane did not start: {error}")
     try:
         yield plane
     finally:
@@ -88,7 +89,33 @@ def kube(control_plane: ControlPlane) -> Kube:
 
 def install_crd(kube: Kube) -> None:
     """Creates or updates the committed CRD and waits until the API serves it."""
-    manifest = yaml.safe_load(CRD_FILE.read_text())
+    install_manifest(kube, yaml.safe_load(CRD_FILE.read_text()))
+
+
+def _create(api: client.ApiClient, manifest: dict[str, Any]) -> None:
+    """Creates a Namespace or a webhook configuration (what Kueue's start installs besides CRDs)."""
+    kind = manifest["kind"]
+    registration = client.AdmissionregistrationV1Api(api)
+    if kind == "Namespace":
+        client.CoreV1Api(api).create_namespace(manifest)
+    elif kind == "MutatingWebhookConfiguration":
+        registration.create_mutating_webhook_configuration(manifest)
+    elif kind == "ValidatingWebhookConfiguration":
+        registration.create_validating_webhook_configuration(manifest)
+    else:
+        raise ValueError(f"install_manifest cannot create a {kind}")
+
+
+def install_manifest(kube: Kube, manifest: dict[str, Any]) -> None:
+    """A CustomResourceDefinition (created or updated, then awaited until served), or another object
+    `_create` knows (created unless it exists)."""
+    if manifest["kind"] != "CustomResourceDefinition":
+        try:
+            _create(kube.api, manifest)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+        return
     name = manifest["metadata"]["name"]
     try:
         kube.apiextensions.create_custom_resource_definition(manifest)

@@ -363,6 +363,7 @@ DEFAULT_ARGS = [
     "--health-port=8081",
     "--log-level=INFO",
     "--policy=fair",
+    "--kueue=false",
     "--leader-elect=true",
     f"--leader-election-namespace={NAMESPACE}",
     "--lease-duration=15",
@@ -396,6 +397,7 @@ DEFAULT_ARGS = [
                     "healthPort": 9091,
                     "logLevel": "DEBUG",
                     "policy": "goodput",
+                    "kueue": True,
                 },
                 "leaderElection": {
                     "enabled": True,
@@ -417,6 +419,7 @@ DEFAULT_ARGS = [
                 "--health-port=9091",
                 "--log-level=DEBUG",
                 "--policy=goodput",
+                "--kueue=true",
                 "--leader-elect=true",
                 f"--leader-election-namespace={NAMESPACE}",
                 "--lease-duration=30",
@@ -531,6 +534,28 @@ def test_rbac_listed_namespaces_get_roles_and_cluster_reads_only(helm: str) -> N
             "name": RELEASE,
         }
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}]
+
+
+KUEUE: Rules = {
+    ("kueue.x-k8s.io", "workloads"): {"list", "watch", "create", "patch"},
+    ("kueue.x-k8s.io", "workloads/status"): {"patch"},
+}
+
+
+def test_kueue_adds_rules_on_workloads_wherever_the_operator_manages_jobs(helm: str) -> None:
+    docs = render(helm, {"operator": {"kueue": True}, "trainer": {"serviceAccount": {"create": False}}})
+    flavors = {("kueue.x-k8s.io", "resourceflavors"): {"list", "watch"}}
+    assert rules_of(one(docs, "ClusterRole", RELEASE)) == {**CLUSTER_WIDE, **KUEUE, **flavors}
+    assert "--kueue=true" in args_of(docs)
+    listed = {
+        "operator": {"kueue": True},
+        "watchNamespaces": ["team-a"],
+        "trainer": {"serviceAccount": {"create": False}},
+    }
+    rendered = render(helm, listed)
+    [role] = not_leader_election(kinds(rendered, "Role"))
+    assert rules_of(role) == {**LIMITED_NAMESPACE, **KUEUE}
+    assert rules_of(one(rendered, "ClusterRole", f"{RELEASE}-cluster")) == {**LIMITED_CLUSTER, **flavors}
 
 
 def test_rbac_off_creates_no_roles(helm: str) -> None:

@@ -86,6 +86,7 @@ trainer.rbac.namespaces, or else the release namespace plus watchNamespaces.
 - {{ printf "--health-port=%v" $operator.healthPort | quote }}
 - {{ printf "--log-level=%s" $operator.logLevel | quote }}
 - {{ printf "--policy=%s" $operator.policy | quote }}
+- {{ printf "--kueue=%t" $operator.kueue | quote }}
 {{- with .Values.leaderElection }}
 - {{ printf "--leader-elect=%t" .enabled | quote }}
 - {{ printf "--leader-election-namespace=%s" $.Release.Namespace | quote }}
@@ -122,4 +123,14 @@ trainer.rbac.namespaces, or else the release namespace plus watchNamespaces.
   - apiGroups: ["ebbflow.dev"]
     resources: ["elastictrainingjobs/status"]
     verbs: ["patch"]
+{{- if .Values.operator.kueue }}
+  # Kueue's Workloads of the queued jobs (--kueue): created, listed, watched, a slice's count lowered;
+  # the status written to finish a replaced slice or release an evicted one.
+  - apiGroups: ["kueue.x-k8s.io"]
+    resources: ["workloads"]
+    verbs: ["list", "watch", "create", "patch"]
+  - apiGroups: ["kueue.x-k8s.io"]
+    resources: ["workloads/status"]
+    verbs: ["patch"]
+{{- end }}
 {{- end }}

@@ -1,8 +1,8 @@
 """One whole pass's decision, pure: observed state, spec and now in, every job's plan out.
 
-`decide` takes what the cache holds (nodes, pods, jobs and the jobs' Services), the operator's
-configuration and the time, and returns the plans the reconcile loop applies: capacity, then one
-allocation across all jobs, then each job's plan (planner.py).
+`decide` takes what the cache holds (nodes, pods, jobs, the jobs' Services and, under Kueue, their
+Workloads), the operator's configuration and the time, and returns the plans the reconcile loop
+applies: capacity, then one allocation across all jobs, then each job's plan (planner.py).
 
 Invariants:
 - Pure: no Kubernetes client, no kopf, no cache, no I/O, no clock; the same inputs give the same
@@ -10,19 +10,22 @@ Invariants:
 - Nothing is carried between calls but a memo (`PlanMemo`) that reuses a plan only when everything
   it was computed from is the very same objects (an empty memo changes no decision).
 - Finished jobs, and jobs whose workers have started to finish, are planned but get no allocation.
+- A queued job (Kueue enabled, `Job.queue` set) is allocated at most what its admission covers.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ebbflow_api import contract
 
+from . import kueue
 from .allocator import Demand, Policy, most_used_first
 from .capacity import cluster_capacity, eligible_nodes, matches_selector
-from .model import Job, JobKey, Node, Pod
+from .kueue import Admission, Flavor, Workload
+from .model import Job, JobKey, Node, Pod, parse_toleration
 from .plan import TERMINAL_PHASES, Observed, Plan, PlannerConfig
 from .planner import hold_cap, plan_job
 
@@ -38,6 +41,7 @@ class OperatorConfig:
     write_concurrency: int = 8
     max_writes_per_pass: int = 500  # the rest waits for the next pass (this_pass)
     policy: str = "fair"  # who gets a freed GPU: policies.POLICIES
+    kueue: bool = False  # jobs labeled with a Kueue queue run only what Kueue admits (kueue.py)
 
 
 @dataclass(frozen=True)
@@ -62,10 +66,13 @@ class PlanInputs:
     pods: tuple[Pod, ...]
     nodes: tuple[Node | None, ...]  # the nodes the job's pods and recorded workers name
     values: ObservedValues
+    workloads: tuple[Workload, ...] = ()  # a queued job's Kueue slices
 
     def same_as(self, other: PlanInputs) -> bool:
         return (
             self.job is other.job
+            and len(self.workloads) == len(other.workloads)
+            and all(a is b for a, b in zip(self.workloads, other.workloads, strict=True))
             and len(self.pods) == len(other.pods)
             and all(a is b for a, b in zip(self.pods, other.pods, strict=True))
             and len(self.nodes) == len(other.nodes)
@@ -98,16 +105,23 @@ def decide(
     config: OperatorConfig,
     policy: Policy,
     memo: PlanMemo | None = None,
+    workloads: Sequence[Workload] = (),
+    flavors: Sequence[Flavor] = (),
 ) -> PassResult:
     """Observed state in, plans out: capacity, then allocation across jobs, then each job's plan
-    (from `memo`, the previous pass's `PassResult.memo`, where its inputs are the same)."""
+    (from `memo`, the previous pass's `PassResult.memo`, where its inputs are the same).
+    `workloads`, `flavors`: Kueue's Workloads in the jobs' namespaces and its ResourceFlavors (with
+    `config.kueue`)."""
     by_name = {node.name: node for node in nodes}
     selected = [node for node in nodes if matches_selector(node, config.node_selector)]
     job_pods: dict[JobKey, list[Pod]] = defaultdict(list)
     for pod in pods:
         if pod.job is not None:
             job_pods[(pod.namespace, pod.job)].append(pod)
-    eligible = _eligible(selected, jobs)
+    slices = _slices_by_job(jobs, workloads) if config.kueue else {}
+    by_flavor = {flavor.name: flavor for flavor in flavors}
+    admissions = {key: kueue.admission_of(job, slices[key], by_flavor) for key, job in _queued(jobs, slices)}
+    eligible = _eligible(selected, [_placed(job, admissions.get(job.key)) for job in jobs])
     demands: list[Demand] = []
     movable: list[Pod] = []
     for job in jobs:
@@ -119,7 +133,8 @@ def decide(
         # job's to hand out, or the next pass sees a transient shortage and takes a lower-priority
         # job below its minimum (to 0) while its shrink is still in flight.
         movable += held
-        demands.append(_demand(job, held, eligible[job.key], now))
+        admitted = admissions[job.key].workers if job.key in admissions else None
+        demands.append(_demand(job, held, eligible[job.key], now, admitted))
     capacity = cluster_capacity(selected, pods, movable)
     allocation = policy.decide(demands, capacity.free)
     plans = []
@@ -140,8 +155,9 @@ def decide(
             network_policies=network_policies.get(job.key, frozenset()),
             global_batch=allocation.global_batch.get(job.key),
             moves=allocation.moves.get(job.key, ()),
+            admission=admissions.get(job.key),
         )
-        inputs = _plan_inputs(job, observed)
+        inputs = _plan_inputs(job, observed, slices.get(job.key, ()))
         previous = (memo or {}).get(job.key)
         if previous is not None and previous[0].same_as(inputs):
             plan = previous[1]
@@ -172,7 +188,7 @@ def this_pass(plans: Sequence[Plan], max_writes: int) -> tuple[list[Plan], list[
     return work[:taken], work[taken:]
 
 
-def _plan_inputs(job: Job, observed: Observed) -> PlanInputs:
+def _plan_inputs(job: Job, observed: Observed, workloads: tuple[Workload, ...]) -> PlanInputs:
     # In the pods' and the status's own order: the same pods and job give the same order.
     named = [*(p.node for p in observed.pods), *job.status.worker_nodes.values()]
     values = ObservedValues(
@@ -184,7 +200,8 @@ def _plan_inputs(job: Job, observed: Observed) -> PlanInputs:
         observed.moves,
     )
     nodes = observed.nodes
-    return PlanInputs(job, tuple(observed.pods), tuple(nodes.get(n) if n else None for n in named), values)
+    located = tuple(nodes.get(n) if n else None for n in named)
+    return PlanInputs(job, tuple(observed.pods), located, values, workloads)
 
 
 def _timeless(plan: Plan, observed: Observed) -> bool:
@@ -219,18 +236,47 @@ def _eligible(selected: Sequence[Node], jobs: Sequence[Job]) -> dict[JobKey, fro
     return eligible
 
 
-def _demand(job: Job, held: Sequence[Pod], eligible: frozenset[str], now: float) -> Demand:
-    """What the job asks of the allocator: its bounds (capped by a pending-timeout hold) and the
-    nodes its running workers sit on (so a stable job keeps its place)."""
-    cap = hold_cap(job, now)
+def _demand(
+    job: Job, held: Sequence[Pod], eligible: frozenset[str], now: float, admitted: int | None
+) -> Demand:
+    """What the job asks of the allocator: its bounds (capped by a pending-timeout hold, and by the
+    workers Kueue `admitted` for a queued job) and the nodes its running workers sit on (so a
+    stable job keeps its place)."""
+    caps = [c for c in (hold_cap(job, now), admitted) if c is not None]
     replicas = job.spec.replicas
     return Demand(
         key=job.key,
         min=replicas.min,
-        max=replicas.max if cap is None else min(cap, replicas.max),
+        max=min([replicas.max, *caps]),
         gpus_per_worker=job.gpus_per_worker,
         eligible=eligible,
         priority=job.spec.priority,
         created=job.created,
         current_nodes=most_used_first([p.node for p in held if p.node and not p.deleting]),
+    )
+
+
+def _slices_by_job(jobs: Sequence[Job], workloads: Sequence[Workload]) -> dict[JobKey, tuple[Workload, ...]]:
+    """Each queued job's Workloads (those it owns), in the order the cache holds them."""
+    by_owner: dict[str, list[Workload]] = defaultdict(list)
+    for workload in workloads:
+        if workload.owner_uid:
+            by_owner[workload.owner_uid].append(workload)
+    return {job.key: tuple(by_owner.get(job.uid, ())) for job in jobs if job.queue}
+
+
+def _queued(jobs: Sequence[Job], slices: Mapping[JobKey, tuple[Workload, ...]]) -> list[tuple[JobKey, Job]]:
+    return [(job.key, job) for job in jobs if job.key in slices]
+
+
+def _placed(job: Job, admission: Admission | None) -> Job:
+    """The job as the allocator must place it: with the admitted flavors' node labels and
+    tolerations (Kueue's placement) added to its template's."""
+    placement = admission.placement if admission is not None else None
+    if placement is None or not (placement.node_labels or placement.tolerations):
+        return job
+    return replace(
+        job,
+        node_selector={**job.node_selector, **placement.node_labels},
+        tolerations=(*job.tolerations, *(parse_toleration(t) for t in placement.tolerations)),
     )

@@ -29,6 +29,7 @@ from .plan import (
     children,
 )
 from .status import (
+    ADMITTED,
     LEAVE_TIMED_OUT,
     PREEMPTED,
     READY,
@@ -93,7 +94,12 @@ def job_status(
         spec_changed=job.generation != status.observed_generation,
     )
     preemptions = (status.preemptions or 0) + len(seen.lost)
-    scheduling = () if ending.ended else (schedulable(job, target, timeout.hold, observed.free_gpus, config),)
+    scheduling: tuple[ConditionUpdate, ...] = (
+        () if ending.ended else (schedulable(job, target, timeout.hold, observed, config),)
+    )
+    admission = observed.admission
+    if admission is not None and not ending.ended:
+        scheduling += (ConditionUpdate(ADMITTED, admission.admitted, admission.reason, admission.message),)
     rescaled: tuple[Event, ...] = (
         (Event("Normal", "Rescaled", f"{before} -> {target} workers ({reason})"),) if reason else ()
     )
@@ -173,14 +179,18 @@ def readiness(
 
 
 def schedulable(
-    job: Job, target: int, hold: Hold | None, free_gpus: int, config: PlannerConfig
+    job: Job, target: int, hold: Hold | None, observed: Observed, config: PlannerConfig
 ) -> ConditionUpdate:
-    """The Schedulable condition: the size allocated, or why the job has no workers (a pending
-    timeout held it below its minimum, or too few GPUs are free on the nodes it may use)."""
+    """The Schedulable condition: the size allocated, or why the job has no workers (Kueue has not
+    admitted it, a pending timeout held it below its minimum, or too few GPUs are free on the
+    nodes it may use)."""
     spec = job.spec
     if target > 0:
         message = f"{target} worker(s) allocated in [{spec.replicas.min}, {spec.replicas.max}]"
         return ConditionUpdate(SCHEDULABLE, True, "Allocated", message)
+    if observed.admission is not None and not observed.admission.admitted:
+        message = f"waiting for Kueue to admit it: {observed.admission.message}"
+        return ConditionUpdate(SCHEDULABLE, False, "WaitingForAdmission", message)
     if hold is not None and hold.replicas < spec.replicas.min:
         message = (
             f"only {hold.replicas} of min {spec.replicas.min} workers were scheduled within "
@@ -189,7 +199,7 @@ def schedulable(
         return ConditionUpdate(SCHEDULABLE, False, "PendingTimeout", message)
     message = (
         f"needs min {spec.replicas.min} workers x {job.gpus_per_worker} GPU(s) on nodes "
-        f"it may use; {free_gpus} GPU(s) free there for it"
+        f"it may use; {observed.free_gpus} GPU(s) free there for it"
     )
     return ConditionUpdate(SCHEDULABLE, False, "InsufficientGPUs", message)
 

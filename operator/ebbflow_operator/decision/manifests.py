@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from ebbflow_api import contract
 
-from .model import Job, Json
+from .model import Job, Json, Placement
 
 WORKER_NAME = re.compile(r"^(?P<job>.+)-worker-(?P<index>\d+)$")
 # Kubernetes' terminationMessagePath when a container sets none: the trainer writes why it stopped
@@ -169,9 +169,11 @@ def worker_pod(
     global_batch: int | None = None,
     node: str | None = None,
     memory_budget: int | None = None,
+    placement: Placement | None = None,
 ) -> Json:
     """A worker: the job's template plus the contract's labels, annotations and environment; with
-    `node`, required to run there (`pin_to_node`: it replaces workers moved onto that node).
+    `node`, required to run there (`pin_to_node`: it replaces workers moved onto that node); with
+    `placement`, on the nodes its Kueue flavors name, tolerating their taints.
 
     `service_accounts` (namespace -> name, "" for every namespace) names the ServiceAccount of
     workers whose template sets none: the trainer patches its own pod's progress annotation with
@@ -190,6 +192,10 @@ def worker_pod(
         container["env"] = kept + env
     if node is not None:
         pin_to_node(spec, node)
+    if placement is not None and placement.node_labels:
+        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **placement.node_labels}
+    if placement is not None and placement.tolerations:
+        spec["tolerations"] = [*(spec.get("tolerations") or []), *placement.tolerations]
     spec["restartPolicy"] = "Never"
     spec["terminationGracePeriodSeconds"] = job.spec.leave_grace_seconds
     spec["hostname"] = worker_name(job.name, index)

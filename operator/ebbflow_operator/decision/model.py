@@ -131,6 +131,15 @@ class Pod:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where a queued job's admitted Kueue flavors put its workers (decision/kueue.py): node labels
+    required, taints tolerated."""
+
+    node_labels: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Json, ...] = ()
+
+
+@dataclass(frozen=True)
 class Job:
     """A job as the decisions see it: the API object plus what its pod template implies."""
 
@@ -138,6 +147,7 @@ class Job:
     gpus_per_worker: int = 1
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
+    queue: str | None = None  # the Kueue LocalQueue its label names (decision/kueue.py)
 
     @property
     def spec(self) -> ElasticTrainingJobSpec:
@@ -273,7 +283,7 @@ def _refused_since(conditions: list[Mapping[str, Any]]) -> float | None:
     return None
 
 
-def _toleration(raw: Mapping[str, Any]) -> Toleration:
+def parse_toleration(raw: Mapping[str, Any]) -> Toleration:
     return Toleration(
         key=str(raw.get("key") or ""),
         operator=str(raw.get("operator") or "Equal"),
@@ -282,20 +292,25 @@ def _toleration(raw: Mapping[str, Any]) -> Toleration:
     )
 
 
-def job_from_api(api: ElasticTrainingJob) -> Job:
+def job_from_api(api: ElasticTrainingJob, queue: str | None = None) -> Job:
     """Derives the scheduling facts (GPUs per worker, node selector, tolerations) once per version."""
     pod_spec = api.spec.template.spec.to_json()
     return Job(
         api=api,
         gpus_per_worker=_pod_gpus(pod_spec),
         node_selector=dict(pod_spec.get("nodeSelector") or {}),
-        tolerations=tuple(_toleration(t) for t in pod_spec.get("tolerations") or []),
+        tolerations=tuple(parse_toleration(t) for t in pod_spec.get("tolerations") or []),
+        queue=queue,
     )
+
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue's: the LocalQueue a job is submitted to
 
 
 def parse_job(raw: Mapping[str, Any]) -> Job:
     """An ElasticTrainingJob from the API (pydantic validates it against the same models as the CRD)."""
-    return job_from_api(ElasticTrainingJob.model_validate(raw))
+    labels = (raw.get("metadata") or {}).get("labels") or {}
+    return job_from_api(ElasticTrainingJob.model_validate(raw), labels.get(QUEUE_LABEL) or None)
 
 
 def _reject_constant(name: str) -> None:

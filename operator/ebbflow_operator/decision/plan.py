@@ -10,11 +10,12 @@ from enum import StrEnum
 
 from ebbflow_api.models import Phase
 
-from .model import Job, Json, Node, Pod
+from .kueue import Admission
+from .model import Job, Json, Node, Placement, Pod
 from .status import (
     ConditionUpdate,
 )
-from .writes import Write
+from .writes import PatchWorkload, Write
 
 TERMINAL_PHASES = frozenset(phase for phase in Phase if phase.terminal)
 
@@ -87,6 +88,9 @@ class Plan:
     create_rendezvous_pod: bool = False
     create_service: bool = False
     create_network_policy: bool = False
+    placement: Placement | None = None  # new workers' Kueue flavors (queued jobs)
+    create_workload: Json | None = None  # a Kueue Workload slice (kueue.next_write)
+    patch_workload: PatchWorkload | None = None
     status_patch: Json = field(default_factory=dict)
     events: tuple[Event, ...] = ()
     rescale_reason: RescaleReason | None = None
@@ -114,6 +118,10 @@ class Plan:
         children = ("rendezvous pod", "service", "network policy")
         wanted = (self.create_rendezvous_pod, self.create_service, self.create_network_policy)
         parts += [f"create {child}" for child, want in zip(children, wanted, strict=True) if want]
+        if self.create_workload is not None:
+            parts.append(f"create workload {self.create_workload['metadata']['name']}")
+        if self.patch_workload is not None:
+            parts.append(f"patch workload {self.patch_workload.name}")
         parts += [f"event {e.reason}" for e in self.events]
         return "; ".join(parts) or "nothing"
 
@@ -130,6 +138,7 @@ class Observed:
     network_policies: frozenset[str] = frozenset()  # names of the job's NetworkPolicies that exist
     global_batch: int | None = None  # the policy's B for the job (None: the policy keeps B)
     moves: tuple[str, ...] = ()  # the policy's node once per new worker there (Allocation.moves)
+    admission: Admission | None = None  # what Kueue admits of a queued job (None: not queued)
 
 
 @dataclass(frozen=True)

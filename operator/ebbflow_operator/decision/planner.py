@@ -24,11 +24,11 @@ from typing import Any
 from ebbflow_api import contract
 from ebbflow_api.models import CleanPodPolicy, Phase
 
-from . import manifests
+from . import kueue, manifests
 from .capacity import evicts
 from .gpu_memory import job_budget_mib
 from .job_status import job_status
-from .model import Job, Node, Pod, format_time, parse_time
+from .model import Job, Json, Node, Pod, format_time, parse_time
 from .plan import (
     BatchUpdate,
     BudgetUpdate,
@@ -54,7 +54,7 @@ from .status import (
     ConditionUpdate,
     merge_patch,
 )
-from .writes import AnnotatePod, ChildKind, CreateChild, DeletePod, PatchStatus, Write
+from .writes import AnnotatePod, ChildKind, CreateChild, DeletePod, PatchStatus, PatchWorkload, Write
 
 
 def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) -> Plan:
@@ -65,11 +65,13 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         end_of_job               exits -> Failed (a fatal exit code's reason, TooManyFailures) or
                                  Succeeded; clean-up
         pending_timeout          workers the scheduler refused for too long -> withdrawn, and a hold
-        target_size              allocator's size, hold, spec.replicas.min -> how many workers to have
+        target_size              allocator's size, hold, Kueue's admission, spec.replicas.min -> how
+                                 many workers to have
         resize                   the scale-down's `victims` or the policy's `movers`, `new_workers`,
                                  the world generation
-        rendezvous_and_services  the rendezvous pod (replaced when it ends), the job's Service and
-                                 NetworkPolicy
+        rendezvous_and_services  the rendezvous pod (replaced when it ends; under Kueue only while
+                                 admitted), the job's Service and NetworkPolicy
+        workload_write           (queued jobs only) the Kueue Workload slice to create or patch
         global_batch             (spec.maxGlobalBatchSize only) the policy's B -> the workers'
                                  annotations to change and status.globalBatchSize
         memory_budget            (spec.bandLimit only) the job's GPU memory budget (gpu_memory.py) ->
@@ -83,11 +85,15 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
     ended = ending.ended
     timeout = pending_timeout(job, seen.active, ended, now, config)
     minimum, finishing = job.spec.replicas.min, bool(seen.succeeded)
-    target = target_size(observed.desired, minimum, timeout.hold, len(timeout.active), ended, finishing)
+    desired = (
+        observed.desired if observed.admission is None else min(observed.desired, observed.admission.workers)
+    )
+    target = target_size(desired, minimum, timeout.hold, len(timeout.active), ended, finishing)
     disrupted = bool(seen.lost or seen.counted_failures or timeout.stuck) and not ended
     sizing = resize(job, () if ended else timeout.active, target, disrupted, observed)
-    support = rendezvous_and_services(job, observed, ended)
+    support = rendezvous_and_services(job, observed, ended, bool(sizing.active))
     delete = (*seen.taken, *ending.delete, *timeout.delete, *sizing.delete, *support.delete)
+    queued = workload_write(job, observed, sizing, delete, ending.phase, now)
     batch = global_batch(job, observed.global_batch, sizing.active, ended)
     budget = memory_budget(job, sizing.active, observed.nodes, ended)
     settled = all(d.runs_nowhere for d in delete) and not sizing.create
@@ -106,6 +112,9 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         create_rendezvous_pod=support.create_rendezvous_pod,
         create_service=support.create_service,
         create_network_policy=support.create_network_policy,
+        placement=observed.admission.placement if observed.admission is not None else None,
+        create_workload=queued if isinstance(queued, dict) else None,
+        patch_workload=queued if isinstance(queued, PatchWorkload) else None,
         status_patch=merge_patch(job.status.to_json(), update.status),
         events=update.report.events + batch.report.events + budget.report.events,
         rescale_reason=update.rescale_reason,
@@ -393,10 +402,11 @@ def new_workers(job_name: str, count: int, generation: int, taken: Set[str]) -> 
     return tuple((index, generation) for index in itertools.islice(free, max(0, count)))
 
 
-def rendezvous_and_services(job: Job, observed: Observed, ended: bool) -> ChildrenPlan:
+def rendezvous_and_services(job: Job, observed: Observed, ended: bool, workers: bool) -> ChildrenPlan:
     """A running job has one rendezvous pod (replaced once it ends or its node is gone: PodGC removes
     such a pod only after a long quarantine), its Service and its NetworkPolicy; an ended job
-    cleans the pod up (the rest goes with the job)."""
+    cleans the pod up (the rest goes with the job). A queued job has its rendezvous pod only while
+    Kueue admits it, and gives it up once no worker is left (`workers`: some stay this pass)."""
     name = manifests.rendezvous_name(job.name)
     pods = [p for p in children(job, observed.pods, contract.ROLE_RENDEZVOUS) if not p.deleting]
     if ended:
@@ -404,12 +414,44 @@ def rendezvous_and_services(job: Job, observed: Observed, ended: bool) -> Childr
         return ChildrenPlan(
             delete=tuple(Deletion(p.name, p.uid, 0, "job finished") for p in pods if cleaning)
         )
+    if observed.admission is not None and not observed.admission.admitted:
+        still = workers or any(
+            p.role == contract.ROLE_WORKER and p.owner_uid == job.uid for p in observed.pods
+        )
+        return ChildrenPlan(
+            delete=() if still else tuple(Deletion(p.name, p.uid, 0, "not admitted") for p in pods),
+            create_service=manifests.service_name(job.name) not in observed.services,
+            create_network_policy=manifests.network_policy_name(job.name) not in observed.network_policies,
+        )
     gone = [p for p in pods if p.finished or (p.node is not None and p.node not in observed.nodes)]
     return ChildrenPlan(
         delete=tuple(Deletion(p.name, p.uid, 0, "rendezvous ended", runs_nowhere=True) for p in gone),
         create_rendezvous_pod=not pods and name not in {p.name for p in observed.pods},
         create_service=manifests.service_name(job.name) not in observed.services,
         create_network_policy=manifests.network_policy_name(job.name) not in observed.network_policies,
+    )
+
+
+def workload_write(
+    job: Job, observed: Observed, sizing: Sizing, delete: Sequence[Deletion], final: Phase | None, now: float
+) -> Json | PatchWorkload | None:
+    """A queued job's Kueue Workload write this pass (`kueue.next_write`; an ended job's slices are
+    finished, so that Kueue frees their quota at once); none for a job that is not queued."""
+    if observed.admission is None:
+        return None
+    going = {d.name for d in delete}
+    workers = children(job, observed.pods, contract.ROLE_WORKER)
+    per_worker = job.gpus_per_worker
+    return kueue.next_write(
+        job,
+        observed.admission,
+        target=sizing.target,
+        pods_left=any(p.owner_uid == job.uid and not p.finished for p in observed.pods)
+        or bool(sizing.create),
+        workers_leaving=any(p.deleting or p.name in going for p in workers),
+        room_workers=observed.free_gpus // per_worker if per_worker else job.spec.replicas.max,
+        ended=None if final is None else str(final),
+        now=now,
     )
 
 
@@ -462,6 +504,10 @@ def writes_of(plan: Plan, service_accounts: Mapping[str, str]) -> tuple[Write, .
     writes += [DeletePod(d.name, d.uid, d.grace_seconds) for d in plan.delete]
     if plan.create_network_policy:
         writes.append(CreateChild(ChildKind.NETWORK_POLICY, manifests.network_policy(job)))
+    if plan.create_workload is not None:
+        writes.append(CreateChild(ChildKind.WORKLOAD, plan.create_workload))
+    if plan.patch_workload is not None:
+        writes.append(plan.patch_workload)
     if plan.create_rendezvous_pod:
         writes.append(CreateChild(ChildKind.POD, manifests.rendezvous_pod(job)))
     if plan.create_service:
@@ -475,6 +521,7 @@ def writes_of(plan: Plan, service_accounts: Mapping[str, str]) -> tuple[Write, .
             global_batch=plan.global_batch,
             node=plan.pin_node,
             memory_budget=plan.memory_budget,
+            placement=plan.placement,
         )
         writes.append(CreateChild(ChildKind.POD, body))
     for batch in plan.update_global_batch:

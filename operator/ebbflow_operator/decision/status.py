@@ -13,12 +13,13 @@ from .model import Json
 # Condition types on an ElasticTrainingJob.
 READY = "Ready"  # at least min workers are running
 SCHEDULABLE = "Schedulable"  # the allocator found GPUs for at least min workers
+ADMITTED = "Admitted"  # under Kueue: a Workload slice of the job is admitted (decision/kueue.py)
 PREEMPTED = "Preempted"  # the latest preemption (status.preemptions counts them)
 # A worker asked to leave was killed past its leave grace (contract.EXIT_LEAVE_TIMED_OUT; latest one).
 LEAVE_TIMED_OUT = "LeaveTimedOut"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
-CONDITION_ORDER = (READY, SCHEDULABLE, PREEMPTED, LEAVE_TIMED_OUT, SUCCEEDED, FAILED)
+CONDITION_ORDER = (READY, SCHEDULABLE, ADMITTED, PREEMPTED, LEAVE_TIMED_OUT, SUCCEEDED, FAILED)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@ inside the pure pass), in the order they must happen. The reconciler only execut
 
 Order (`planner.writes_of`): the status first (it records what the deletions mean, so a crash after
 it leaves extra pods, never a miscounted preemption), then deletions, the NetworkPolicy (so the
-rendezvous store never listens unprotected), the rendezvous pod, the Service, the new workers, and
-the workers' annotations. Events are recorded after the writes, whatever became of them.
+rendezvous store never listens unprotected), the Kueue Workload write, the rendezvous pod, the
+Service, the new workers, and the workers' annotations. Events are recorded after the writes,
+whatever became of them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class ChildKind(StrEnum):
     POD = "Pod"
     SERVICE = "Service"
     NETWORK_POLICY = "NetworkPolicy"
+    WORKLOAD = "Workload"  # a Kueue Workload slice (kueue.py)
 
 
 @dataclass(frozen=True)
@@ -56,4 +58,14 @@ class AnnotatePod:
     annotations: Json
 
 
-Write = PatchStatus | DeletePod | CreateChild | AnnotatePod
+@dataclass(frozen=True)
+class PatchWorkload:
+    """A JSON patch of a Kueue Workload (its status subresource when `status`); the patch starts by
+    testing the uid and resourceVersion the pass saw, so it applies to that version only."""
+
+    name: str
+    patch: tuple[Json, ...]
+    status: bool = False
+
+
+Write = PatchStatus | DeletePod | CreateChild | AnnotatePod | PatchWorkload

@@ -4,6 +4,7 @@ Kubernetes API): the order a plan is applied in, and what a failed write stops."
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -54,6 +55,12 @@ class FakeCluster:
     def list_network_policies(self) -> tuple[list[Json], int]:
         return [], 1
 
+    def list_workloads(self) -> tuple[list[Json], int]:
+        return [], 1
+
+    def list_resource_flavors(self) -> tuple[list[Json], int]:
+        return [], 1
+
     def create_pod(self, namespace: str, body: Json) -> Json | None:
         self._call("create_pod", body["metadata"]["name"])
         self.created_pods.append(body)
@@ -65,6 +72,14 @@ class FakeCluster:
 
     def create_network_policy(self, namespace: str, body: Json) -> Json | None:
         self._call("create_network_policy", body["metadata"]["name"])
+        return None
+
+    def create_workload(self, namespace: str, body: Json) -> Json | None:
+        self._call("create_workload", body["metadata"]["name"])
+        return None
+
+    def patch_workload(self, namespace: str, name: str, patch: Sequence[Json], status: bool) -> Json | None:
+        self._call("patch_workload", name)
         return None
 
     def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> Json | None:

@@ -916,7 +916,7 @@ def test_rendezvous_and_services(
     pods: list[Pod], services: frozenset[str], ended: bool, policy: str, expected: dict[str, Any]
 ) -> None:
     present = observed(pods, services, network_policies=frozenset({"j-pods"}))
-    support = rendezvous_and_services(job(cleanPodPolicy=policy), present, ended)
+    support = rendezvous_and_services(job(cleanPodPolicy=policy), present, ended, workers=False)
     assert not support.create_network_policy
     assert {
         "delete": [d.reason for d in support.delete],
@@ -938,7 +938,9 @@ def test_rendezvous_and_services(
 def test_network_policy_is_created_while_the_job_runs(
     policies: frozenset[str], ended: bool, create: bool
 ) -> None:
-    support = rendezvous_and_services(job(), observed([RDZV], BOTH, network_policies=policies), ended)
+    support = rendezvous_and_services(
+        job(), observed([RDZV], BOTH, network_policies=policies), ended, workers=False
+    )
     assert support.create_network_policy is create
 
 
@@ -1015,7 +1017,7 @@ def test_readiness(
     ],
 )
 def test_schedulable(target: int, hold: Hold | None, expected: tuple[Any, ...]) -> None:
-    condition = schedulable(J, target, hold, 1, CONFIG)
+    condition = schedulable(J, target, hold, observed([], frozenset(), free_gpus=1), CONFIG)
     assert condition.type == SCHEDULABLE
     assert (condition.status, condition.reason, condition.message)[: len(expected)] == expected
 
