@@ -31,6 +31,7 @@ from .operator_helpers import (
     OperatorProcess,
     condition,
     create_job,
+    patch_job,
     running_operator,
     settled,
     status,
@@ -112,7 +113,8 @@ def admitted_workers(kube: Kube, namespace: str, job: str) -> int | None:
         admission = (workload.get("status") or {}).get("admission")
         if admission and _condition_true(workload, "Admitted") and not _condition_true(workload, "Finished"):
             assigned = {a["name"]: a.get("count") for a in admission["podSetAssignments"]}
-            return int(assigned["workers"])
+            counts = {p["name"]: p["count"] for p in workload["spec"]["podSets"]}
+            return min(int(assigned["workers"]), int(counts["workers"]))  # a count lowered since
     return None
 
 
@@ -150,6 +152,31 @@ def test_queued_jobs_wait_for_admission_and_run_what_kueue_admits(
     assert [(p["name"], p["count"]) for p in slice_["spec"]["podSets"]] == [("workers", 8), ("rendezvous", 1)]
     admitted = condition(kube, namespace, "a", "Admitted")
     assert admitted and admitted["status"] == "True", admitted
+
+
+def cluster_queue_gpus_used(kube: Kube, namespace: str) -> int | None:
+    """The GPUs Kueue counts as used in the test's ClusterQueue (its status)."""
+    queue = kube.custom.get_cluster_custom_object(GROUP, VERSION, "clusterqueues", f"team-{namespace}")
+    for flavor in (queue.get("status") or {}).get("flavorsUsage") or []:
+        for resource in flavor.get("resources") or []:
+            if resource["name"] == "nvidia.com/gpu":
+                return int(resource.get("total") or 0)
+    return None
+
+
+def test_a_graceful_shrink_gives_the_quota_back_once_the_workers_have_left(
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, queue: str, operator: OperatorProcess
+) -> None:
+    create_job(kube, namespace, queued_job("a", 2, 8, gpu_nodes, queue))
+    wait_for(lambda: settled_at(kube, namespace, "a", 8), SETTLE, "job a admitted and running 8 workers")
+    wait_for(lambda: cluster_queue_gpus_used(kube, namespace) == 8, SETTLE, "Kueue counting 8 GPUs used")
+    patch_job(kube, namespace, "a", {"spec": {"replicas": {"max": 4}}})
+    # The slice's count is lowered in place (Kueue's webhook allows an admitted elastic slice that
+    # much), so Kueue counts 4 GPUs once the 4 leavers are gone, with no new slice.
+    wait_for(lambda: settled_at(kube, namespace, "a", 4), SETTLE, "job a shrunk to 4 workers, admitted 4")
+    wait_for(lambda: cluster_queue_gpus_used(kube, namespace) == 4, SETTLE, "Kueue counting 4 GPUs used")
+    [slice_] = workloads(kube, namespace, "a")
+    assert slice_["spec"]["podSets"][0]["count"] == 4
 
 
 class QuotaWatch:

@@ -90,7 +90,9 @@ def parse_workload(raw: Mapping[str, Any]) -> Workload:
     if admission:
         assigned = {a["name"]: a for a in admission.get("podSetAssignments") or []}
         workers = assigned.get(WORKERS) or {}
-        admitted = int(workers.get("count") or counts.get(WORKERS, 0))
+        # An admission never changes; a slice's count lowered in place since (a graceful shrink) is
+        # what stays admitted.
+        admitted = min(int(workers.get("count") or counts.get(WORKERS, 0)), counts.get(WORKERS, 0))
         flavors = tuple(sorted(set((workers.get("flavors") or {}).values())))
     conditions = tuple(status.get("conditions") or [])
     return Workload(

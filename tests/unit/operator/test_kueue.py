@@ -206,6 +206,12 @@ def test_the_replaced_slice_is_finished(workloads: list[WorkloadBuilder]) -> Non
     )
 
 
+def test_a_slice_lowered_in_place_is_admitted_for_its_new_count() -> None:
+    lowered = slice_().admitted(8).obj()
+    lowered["spec"]["podSets"][0]["count"] = 5  # the admission itself never changes
+    assert kueue.admission_of(JOB, [kueue.parse_workload(lowered)]).workers == 5
+
+
 def test_an_ended_jobs_slice_is_finished_so_its_quota_goes_back_at_once() -> None:
     patch = write([slice_().admitted(4)], 0, ended="Succeeded")
     assert isinstance(patch, PatchWorkload) and patch.name == "a-1"
