@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -17,6 +21,7 @@ from ebbflow_devtools.kind import (
     REPO,
     RESTRICTED_CONTAINER_CONTEXT,
     RESTRICTED_POD_CONTEXT,
+    SHARED_VOLUMES,
     TRAINER_IMAGE,
     Kind,
     KindError,
@@ -45,9 +50,10 @@ def digits_job(
     priority: int | None = None,
     script: str = SCRIPT,
     samples_per_virtual_node: int = 64,
+    queue: str | None = None,
 ) -> dict[str, Any]:
     """The digits example (or another `script` in the image), B = 64 samples per virtual node unless
-    told otherwise, with progress reported every second."""
+    told otherwise, with progress reported every second; submitted to Kueue's LocalQueue `queue`."""
     builder = JobBuilder(name, E2E_NAMESPACE).replicas(lo, hi).gpus(gpus)
     batch = samples_per_virtual_node * virtual_nodes
     builder = builder.set(virtualNodes=virtual_nodes, globalBatchSize=batch)
@@ -55,6 +61,8 @@ def digits_job(
         builder = builder.node_selector({"kubernetes.io/hostname": node})
     if priority is not None:
         builder = builder.priority(priority)
+    if queue is not None:
+        builder = builder.queue(queue)
     job = builder.obj()
     container = job["spec"]["template"]["spec"]["containers"][0]
     container["image"], container["imagePullPolicy"] = TRAINER_IMAGE, "IfNotPresent"
@@ -66,6 +74,33 @@ def digits_job(
     pod["volumes"] = [{"name": "checkpoints", "emptyDir": {}}]
     pod["securityContext"] = copy.deepcopy(RESTRICTED_POD_CONTEXT)  # the namespace enforces `restricted`
     return job
+
+
+def example(name: str) -> list[dict[str, Any]]:
+    """The manifests of examples/`name`."""
+    return list(yaml.safe_load_all((REPO / "examples" / name).read_text()))
+
+
+@contextmanager
+def shared_claim(kind: Kind, claim: str, job_dirs: tuple[str, ...]) -> Iterator[Path]:
+    """examples/volumes/shared-checkpoints.yaml under the name `claim` (a hostPath volume on every
+    worker's /shared/volumes, Retain: a claim bound once is not bound again), `job_dirs` under it
+    removed first; yields the host's side of the volume. Afterwards the namespace's jobs go (their
+    pods hold the claim), then the claim and its volume."""
+    volume, pvc = example("volumes/shared-checkpoints.yaml")
+    volume["metadata"]["name"] = f"ebbflow-{claim}"
+    pvc["metadata"]["name"], pvc["spec"]["volumeName"] = claim, volume["metadata"]["name"]
+    for job in job_dirs:
+        shutil.rmtree(SHARED_VOLUMES / job, ignore_errors=True)
+    kind.kubectl("-n", E2E_NAMESPACE, "apply", "-f", "-", input=yaml.safe_dump_all([volume, pvc]))
+    yield SHARED_VOLUMES
+    for what in (("elastictrainingjobs", "--all"), ("persistentvolumeclaim", claim)):
+        _delete(kind, "-n", E2E_NAMESPACE, *what)
+    _delete(kind, "persistentvolume", volume["metadata"]["name"])
+
+
+def _delete(kind: Kind, *args: str) -> None:
+    kind.kubectl("delete", *args, "--ignore-not-found", "--wait=true", timeout=180)
 
 
 def record_figures(scenario: str, figures: dict[str, Any]) -> None:

@@ -13,22 +13,19 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from ebbflow_devtools.demo import target_accuracy
-from ebbflow_devtools.kind import E2E_NAMESPACE, REPO, SHARED_VOLUMES, Kind, poll
+from ebbflow_devtools.kind import E2E_NAMESPACE, Kind, poll
 from ebbflow_operator.decision.manifests import rendezvous_name
 
 from . import jobs
 from .jobs import JOB_DEADLINE_S
 
-EXAMPLES = REPO / "examples"
 CLAIM = "e2e-own-loops"
 DDP_STEPS, DDP_CHECKPOINT_EVERY = 300, 20
 # Device time per sample: 0.1 s a step in a world of three (128 samples a worker), so the script trains
@@ -37,33 +34,15 @@ DDP_SAMPLE_SECONDS = 0.0008
 HF_STEPS = 60  # examples/jobs/hf-trainer.yaml's --max-steps
 
 
-def _example(name: str) -> list[dict[str, Any]]:
-    return list(yaml.safe_load_all((EXAMPLES / name).read_text()))
-
-
-def _delete(kind: Kind, *args: str) -> None:
-    kind.kubectl("delete", *args, "--ignore-not-found", "--wait=true", timeout=180)
-
-
 @pytest.fixture
 def shared_claim(kind: Kind, namespace: str) -> Iterator[Path]:
-    """examples/volumes/shared-checkpoints.yaml under this test's names (a hostPath volume on every
-    worker's /shared/volumes, Retain: a claim bound once is not bound again); the host's side of it."""
-    volume, claim = _example("volumes/shared-checkpoints.yaml")
-    volume["metadata"]["name"] = f"ebbflow-{CLAIM}"
-    claim["metadata"]["name"], claim["spec"]["volumeName"] = CLAIM, volume["metadata"]["name"]
-    for job in ("digits-torchrun", "hf-trainer"):
-        shutil.rmtree(SHARED_VOLUMES / job, ignore_errors=True)
-    kind.kubectl("-n", E2E_NAMESPACE, "apply", "-f", "-", input=yaml.safe_dump_all([volume, claim]))
-    yield SHARED_VOLUMES
-    _delete(kind, "-n", E2E_NAMESPACE, "elastictrainingjobs", "--all")
-    _delete(kind, "-n", E2E_NAMESPACE, "persistentvolumeclaim", CLAIM)
-    _delete(kind, "persistentvolume", volume["metadata"]["name"])
+    with jobs.shared_claim(kind, CLAIM, ("digits-torchrun", "hf-trainer")) as shared:
+        yield shared
 
 
 def _job(name: str, gpus: int, extra_args: list[str]) -> dict[str, Any]:
     """The example's job on this test's claim, with `gpus` GPUs a worker."""
-    (job,) = _example(f"jobs/{name}.yaml")
+    (job,) = jobs.example(f"jobs/{name}.yaml")
     job = copy.deepcopy(job)
     pod = job["spec"]["template"]["spec"]
     pod["volumes"][0]["persistentVolumeClaim"]["claimName"] = CLAIM

@@ -263,32 +263,34 @@ build_training_operator() {
 }
 
 # build_kueue: Kueue's manager from the wrapper module hack/tools/kueue (main.go copied from the module
-# cache with the changes its go.mod states), cached under the version and the module's digest; its
-# CRDs and webhook configurations, copied from config/components/{crd/bases,webhook} into
-# $TOOLS_BIN/../kueue/ for the tests that install them.
+# cache with the changes its go.mod states), cached under the version and the module's digest; the
+# module's config/ tree (its CRDs, webhook configurations and the kustomization of its release
+# install) copied to $TOOLS_BIN/../kueue/config for the integration tier and the kind cluster.
 build_kueue() {
   local module=$ROOT/hack/tools/kueue version src work
   version=$(module_version "$module/go.mod" sigs.k8s.io/kueue)
   local dir=$TOOLS_CACHE/kueue-$version-$(cat "$module/go.mod" "$module/go.sum" | sha256sum | cut -c1-12)
-  if [[ ! -x $dir/kueue ]]; then
-    echo "building kueue $version"
-    mkdir -p "$dir/manifests/crds"
+  if [[ ! -x $dir/kueue || ! -d $dir/config ]]; then
     work=$(mktemp -d)
     cp "$module/go.mod" "$module/go.sum" "$work/"
     src=$(cd "$work" && go mod download -json "sigs.k8s.io/kueue@$version" | awk -F'"' '$2 == "Dir" {print $4}')
-    sed -e 's|_ "sigs.k8s.io/kueue/pkg/controller/jobs"$|_ "sigs.k8s.io/kueue/pkg/controller/jobs/job"|' \
-      -e 's|metricsCertPath := "/etc/kueue/metrics/certs"|metricsCertPath := func() string { if dir := os.Getenv("KUEUE_METRICS_CERT_DIR"); dir != "" { return dir }; return "/etc/kueue/metrics/certs" }()|' \
-      "$src/cmd/kueue/main.go" >"$work/main.go"
-    grep -q KUEUE_METRICS_CERT_DIR "$work/main.go" # the line changed upstream: update the sed
-    (cd "$work" && go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version" \
-      -o "$dir/kueue.tmp" .)
+    if [[ ! -x $dir/kueue ]]; then
+      echo "building kueue $version"
+      mkdir -p "$dir"
+      sed -e 's|_ "sigs.k8s.io/kueue/pkg/controller/jobs"$|_ "sigs.k8s.io/kueue/pkg/controller/jobs/job"|' \
+        -e 's|metricsCertPath := "/etc/kueue/metrics/certs"|metricsCertPath := func() string { if dir := os.Getenv("KUEUE_METRICS_CERT_DIR"); dir != "" { return dir }; return "/etc/kueue/metrics/certs" }()|' \
+        "$src/cmd/kueue/main.go" >"$work/main.go"
+      grep -q KUEUE_METRICS_CERT_DIR "$work/main.go" # the line changed upstream: update the sed
+      (cd "$work" && go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version" \
+        -o "$dir/kueue.tmp" .)
+      mv -f "$dir/kueue.tmp" "$dir/kueue"
+    fi
+    rm -rf "$dir/config.tmp" && cp -r "$src/config" "$dir/config.tmp"
+    chmod -R u+w "$dir/config.tmp" && mv "$dir/config.tmp" "$dir/config" # the module cache is read-only
     rm -rf "$work"
-    cp "$src"/config/components/crd/bases/*.yaml "$dir/manifests/crds/"
-    cp "$src"/config/components/webhook/manifests.yaml "$dir/manifests/webhooks.yaml"
-    mv -f "$dir/kueue.tmp" "$dir/kueue"
   fi
-  rm -rf "$TOOLS_BIN/../kueue"
-  cp -r "$dir/manifests" "$TOOLS_BIN/../kueue"
+  rm -rf "$TOOLS_BIN/../kueue" && mkdir -p "$TOOLS_BIN/../kueue"
+  cp -r "$dir/config" "$TOOLS_BIN/../kueue/config"
   cp -f "$dir/kueue" "$TOOLS_BIN/kueue.tmp" && mv -f "$TOOLS_BIN/kueue.tmp" "$TOOLS_BIN/kueue"
   echo "  kueue $version"
 }

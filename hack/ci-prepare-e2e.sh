@@ -57,6 +57,8 @@ build() {
   bash hack/build-tools.sh prometheus
   bash hack/prometheus/build-image.sh >/dev/null
   bash hack/prometheus-operator/build-image.sh >/dev/null
+  say "Kueue image"
+  bash hack/kueue/build-image.sh >/dev/null
   say "kube-router image (NetworkPolicy enforcement)"
   bash hack/kube-router/build-image.sh >/dev/null
   if (($(free_gb) >= TRAINER_BUILD_NEEDS_GB)); then

@@ -316,8 +316,10 @@ class WorkloadBuilder:
     ) -> Self:
         return self._condition("Evicted", True, reason, message)
 
-    def finished(self) -> Self:
-        return self._condition("Finished", True, "OutOfSync")
+    def finished(self, reason: str = "OutOfSync") -> Self:
+        """Finished: out of sync (the operator's, for a replaced slice or an ended job) or, as
+        Kueue's scheduler does right before admitting a replacement, `kueue.SLICE_REPLACED`."""
+        return self._condition("Finished", True, reason)
 
     def obj(self) -> dict[str, Any]:
         return copy.deepcopy(self._raw)

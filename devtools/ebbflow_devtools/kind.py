@@ -24,8 +24,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from ebbflow_api.contract import API_GROUP
 
+from ebbflow_devtools import kueue_cluster
 from ebbflow_devtools.api_reads import ApiReader
 from ebbflow_devtools.errors import KindError as KindError  # re-exported: callers import it from here
 from ebbflow_devtools.waiting import NotYet, wait_for
@@ -37,6 +39,7 @@ KUBECONFIG = REPO / ".cluster" / "kind-kubeconfig"
 SHARED_VOLUMES = Path(os.environ.get("KIND_SHARED_DIR") or REPO / ".cluster" / "shared") / "volumes"
 CLUSTER = "ebbflow"
 WORKERS = (f"{CLUSTER}-worker", f"{CLUSTER}-worker2", f"{CLUSTER}-worker3")
+CONTROL_PLANE = f"{CLUSTER}-control-plane"
 TRAINER_IMAGE = "ebbflow/trainer:dev-cpu"
 OPERATOR_IMAGE = "ebbflow/operator:dev"
 GPUS_PER_WORKER_NODE = 4  # the plugin's default: 2 physical devices x 2 time-slicing replicas
@@ -62,6 +65,8 @@ CHART_VALUES = (
     "metrics.serviceMonitor.interval=5s",
     "metrics.podMonitor.enabled=true",
     "metrics.podMonitor.interval=5s",
+    # Jobs labeled with a Kueue LocalQueue run within its quota (Kueue is installed beside the chart).
+    "operator.kueue=true",
 )
 # A node taken away carries this NoExecute taint until its Node object is deleted.
 TAKEN_AWAY_TAINT = "ebbflow.dev/taken-away"
@@ -261,7 +266,8 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_poli
     run("bash", "hack/build-tools.sh", "prometheus")
     prometheus = run("bash", "hack/prometheus/build-image.sh").strip().splitlines()[-1]
     monitoring = Monitoring(prometheus, *run("bash", "hack/prometheus-operator/build-image.sh").split()[-3:])
-    done("images (operator, trainer, device plugin, Prometheus and its operator)")
+    kueue_image, kueue_config = run("bash", "hack/kueue/build-image.sh").split()[-2:]
+    done("images (operator, trainer, device plugin, Prometheus and its operator, Kueue)")
     run("bash", "hack/kind/up.sh")
     for namespace in (DEMO_NAMESPACE, E2E_NAMESPACE):
         kind.ensure_namespace(namespace)
@@ -280,10 +286,14 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_poli
         # The chart's monitors need only the Prometheus Operator's CRDs: Prometheus starts beside it.
         apply_monitoring(kind, monitoring)
         done("Prometheus Operator's CRDs and workloads applied (hack/prometheus-operator)")
+        # The operator watches Kueue's Workloads and ResourceFlavors: their CRDs come first.
+        apply_kueue(kind, kueue_image, Path(kueue_config))
+        done("Kueue's CRDs and manager applied (hack/kueue)")
         install_chart(kind, CHART_VALUES)
         done("operator (helm upgrade --install charts/ebbflow, with its ServiceMonitor and PodMonitor)")
         monitoring_rolled_out(kind)
-        done("Prometheus Operator and its Prometheus rolled out, beside the chart")
+        rollout(kind, kueue_cluster.NAMESPACE, kueue_cluster.DEPLOYMENT)
+        done("Prometheus Operator, its Prometheus and Kueue rolled out, beside the chart")
         removals, seconds = trainer_loaded.result()
     for removal in removals:
         say(f"  {removal}")
@@ -329,6 +339,19 @@ def apply_monitoring(kind: Kind, monitoring: Monitoring) -> None:
     ):
         manifest = manifest.replace(placeholder, image)
     kind.kubectl("apply", "-f", "-", input=manifest)
+
+
+def apply_kueue(kind: Kind, image: str, config: Path) -> None:
+    """Kueue's release install (`kubectl kustomize` of the pinned module's config/default) as
+    `kueue_cluster.in_cluster` changes it, its image on the control-plane node; returns once its
+    CRDs are established (`rollout` waits for the manager). Server-side: the CRDs are large."""
+    load_image(image, (CONTROL_PLANE,))
+    rendered = [m for m in yaml.safe_load_all(kind.kubectl("kustomize", str(config / "default"))) if m]
+    manifests = kueue_cluster.in_cluster(rendered, image)
+    kind.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(manifests)
+    )
+    kind.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=120s", timeout=150)
 
 
 def monitoring_rolled_out(kind: Kind) -> None:

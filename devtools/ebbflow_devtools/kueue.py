@@ -1,8 +1,8 @@
 """Kueue's manager beside a local control plane (the integration tier's), and the queue objects the
 tests build on it.
 
-`start_kueue` installs the pinned Kueue's CRDs (`make tools` copies them, with its webhook
-configurations, next to the binaries), writes the manager's Configuration and starts it as one
+`start_kueue` installs the pinned Kueue's CRDs (`make tools` copies the module's config/ tree, with
+its webhook configurations, next to the binaries), writes the manager's Configuration and starts it as one
 more component of the plane: no leader election and no internal certificate management (its webhook
 server serves the plane's own 127.0.0.1 certificate), the ElasticJobsViaWorkloadSlices gate on.
 Once the manager is ready, Kueue's own webhooks on its API group (Workloads, ClusterQueues,
@@ -34,13 +34,20 @@ NAMESPACE = "kueue-system"  # Kueue's own namespace (its events and, with it on,
 
 
 def manifests_dir(tools_bin: Path = DEFAULT_TOOLS_BIN) -> Path:
-    return tools_bin.parent / "kueue"
+    """The pinned module's config/ tree (hack/build-tools.sh kueue)."""
+    return tools_bin.parent / "kueue" / "config"
+
+
+def webhook_manifests(manifests: Path) -> list[dict[str, Any]]:
+    """Kueue's webhook configurations, as its release install names them before kustomize's prefix."""
+    text = (manifests / "components" / "webhook" / "manifests.yaml").read_text()
+    return [m for m in yaml.safe_load_all(text) if m]
 
 
 def missing(tools_bin: Path = DEFAULT_TOOLS_BIN) -> str | None:
     """Why Kueue cannot start here (None when it can)."""
     manifests = manifests_dir(tools_bin)
-    if not (tools_bin / "kueue").exists() or not (manifests / "webhooks.yaml").exists():
+    if not (tools_bin / "kueue").exists() or not (manifests / "components" / "webhook").is_dir():
         return f"Kueue is not built in {tools_bin}: run `make tools TOOLS=kueue`"
     return None
 
@@ -51,7 +58,7 @@ def local_webhooks(manifests: list[dict[str, Any]], port: int, ca_bundle: bytes)
     local = []
     for original in manifests:
         manifest = copy.deepcopy(original)
-        hooks = [h for h in manifest.get("webhooks") or [] if _on_kueue_objects(h)]
+        hooks = [h for h in manifest.get("webhooks") or [] if on_kueue_objects(h)]
         if not hooks:
             continue
         manifest["metadata"] = {"name": f"ebbflow-local-{manifest['metadata']['name']}"}
@@ -66,7 +73,8 @@ def local_webhooks(manifests: list[dict[str, Any]], port: int, ca_bundle: bytes)
     return local
 
 
-def _on_kueue_objects(hook: dict[str, Any]) -> bool:
+def on_kueue_objects(hook: dict[str, Any]) -> bool:
+    """A webhook on Kueue's own objects (Workloads, queues, flavors), not on a job framework's."""
     return all(group == KUEUE_GROUP for rule in hook.get("rules") or [] for group in rule["apiGroups"])
 
 
@@ -97,7 +105,7 @@ def start_kueue(
     if reason:
         raise ControlPlaneError(reason)
     manifests = manifests_dir(tools_bin)
-    for path in sorted((manifests / "crds").glob("*.yaml")):
+    for path in sorted((manifests / "components" / "crd" / "bases").glob("*.yaml")):
         apply(yaml.safe_load(path.read_text()))
     apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     root = plane.workdir / "kueue"
@@ -117,7 +125,7 @@ def start_kueue(
     ]
     plane.start_component("kueue", command, env)
     plane.await_http("Kueue's manager ready", f"http://127.0.0.1:{health}/readyz", timeout)
-    webhooks = [m for m in yaml.safe_load_all((manifests / "webhooks.yaml").read_text()) if m]
+    webhooks = webhook_manifests(manifests)
     ca_bundle = (plane.workdir / "pki" / "ca.crt").read_bytes()
     for manifest in local_webhooks(webhooks, webhook, ca_bundle):
         apply(manifest)

@@ -120,7 +120,9 @@ def decide(
             job_pods[(pod.namespace, pod.job)].append(pod)
     slices = _slices_by_job(jobs, workloads) if config.kueue else {}
     by_flavor = {flavor.name: flavor for flavor in flavors}
-    admissions = {key: kueue.admission_of(job, slices[key], by_flavor) for key, job in _queued(jobs, slices)}
+    admissions = {
+        key: kueue.admission_of(job, slices[key], now, by_flavor) for key, job in _queued(jobs, slices)
+    }
     eligible = _eligible(selected, [_placed(job, admissions.get(job.key)) for job in jobs])
     demands: list[Demand] = []
     movable: list[Pod] = []

@@ -34,6 +34,10 @@ RENDEZVOUS = "rendezvous"
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 # Kueue's eviction reasons after which it sets Requeued True (its job integrations do the same).
 REQUEUED_EVICTIONS = frozenset({"Preempted", "NodeFailures"})
+# Kueue's scheduler finishes a replaced slice (this reason) *before* it writes its replacement's
+# admission; for this long the job keeps the replaced slice's count while the admission is not seen.
+SLICE_REPLACED = "WorkloadSliceReplaced"
+REPLACEMENT_WINDOW_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class Condition:
     status: bool
     reason: str = ""
     message: str = ""
+    since: float | None = None  # lastTransitionTime
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,11 @@ def parse_workload(raw: Mapping[str, Any]) -> Workload:
         replacement_for=(metadata.get("annotations") or {}).get(REPLACEMENT_ANNOTATION),
         conditions={
             c["type"]: Condition(
-                c["type"], c.get("status") == "True", c.get("reason", ""), c.get("message", "")
+                c["type"],
+                c.get("status") == "True",
+                c.get("reason", ""),
+                c.get("message", ""),
+                parse_time(c.get("lastTransitionTime")),
             )
             for c in conditions
         },
@@ -167,10 +176,11 @@ def live_slices(job: Job, workloads: Sequence[Workload]) -> list[Workload]:
 
 
 def admission_of(
-    job: Job, workloads: Sequence[Workload], flavors: Mapping[str, Flavor] | None = None
+    job: Job, workloads: Sequence[Workload], now: float, flavors: Mapping[str, Flavor] | None = None
 ) -> Admission:
     """The job's admission as its slices tell (`workloads`: any in its namespace; `flavors`: the
-    ResourceFlavors by name)."""
+    ResourceFlavors by name). A slice Kueue has just replaced still counts while its replacement's
+    admission is not seen (`REPLACEMENT_WINDOW_S`), with no slice to write to meanwhile."""
     live = tuple(live_slices(job, workloads))
     running = next((w for w in live if w.admitted), None)
     if running is not None:
@@ -178,6 +188,14 @@ def admission_of(
         message = f"{running.name} admitted by ClusterQueue {running.cluster_queue}: {count} worker(s)"
         placement = placement_of(running.worker_flavors, flavors or {})
         return Admission(count, True, "Admitted", message, live, running, placement)
+    replaced = _just_replaced(live, workloads, now)
+    if replaced is not None:
+        count = replaced.admitted_workers or 0
+        message = (
+            f"{replaced.name} replaced by {live[-1].name}, whose admission is on its way: {count} worker(s)"
+        )
+        placement = placement_of(replaced.worker_flavors, flavors or {})
+        return Admission(count, True, "Admitted", message, live, None, placement)
     if not live:
         return Admission(0, False, "Creating", "creating the job's Kueue Workload")
     newest = live[-1]
@@ -187,6 +205,26 @@ def admission_of(
     pending = newest.conditions.get("QuotaReserved")
     message = pending.message if pending is not None and pending.message else "waiting for Kueue"
     return Admission(0, False, "Pending", f"{newest.name}: {message}", live)
+
+
+def _just_replaced(live: Sequence[Workload], workloads: Sequence[Workload], now: float) -> Workload | None:
+    """The admitted slice that the newest live one replaces, if Kueue finished it for that within
+    REPLACEMENT_WINDOW_S: its replacement is being admitted."""
+    if not live or live[-1].replacement_for is None:
+        return None
+    namespace, _, name = live[-1].replacement_for.rpartition("/")
+    for workload in workloads:
+        finished = workload.conditions.get("Finished")
+        if (
+            (workload.namespace, workload.name) == (namespace, name)
+            and workload.admitted_workers is not None
+            and finished is not None
+            and finished.status
+            and finished.reason == SLICE_REPLACED
+            and now - (finished.since or 0.0) < REPLACEMENT_WINDOW_S
+        ):
+            return workload
+    return None
 
 
 def placement_of(names: Sequence[str], flavors: Mapping[str, Flavor]) -> Placement:

@@ -54,10 +54,17 @@ def slice_(index: int = 1, workers: int | None = None, job: Job = JOB) -> Worklo
             [slice_().admitted(2).finished(), slice_(2).admitted(6)], (6, True, "Admitted"), id="replaced"
         ),
         pytest.param([slice_(job=OTHER).admitted()], (0, False, "Creating"), id="another-jobs"),
+        # Kueue finishes the replaced slice, then writes the replacement's admission: in between,
+        # the job keeps what it had.
+        pytest.param(
+            [slice_().admitted(2).finished(kueue.SLICE_REPLACED), slice_(2, 6).replacing("a-1").pending()],
+            (2, True, "Admitted", "a-1 replaced by a-2"),
+            id="replacement-being-admitted",
+        ),
     ],
 )
 def test_admission_of(workloads: list[WorkloadBuilder], expected: tuple[Any, ...]) -> None:
-    seen = kueue.admission_of(JOB, [w.parsed() for w in workloads])
+    seen = kueue.admission_of(JOB, [w.parsed() for w in workloads], NOW + 5)
     values = (seen.workers, seen.admitted, seen.reason, seen.message)
     assert values[:3] == expected[:3]
     if len(expected) > 3:
@@ -73,7 +80,7 @@ def write(
     room: int = 0,
     ended: str | None = None,
 ) -> Json | PatchWorkload | None:
-    admission = kueue.admission_of(JOB, [w.parsed() for w in workloads])
+    admission = kueue.admission_of(JOB, [w.parsed() for w in workloads], NOW)
     return kueue.next_write(
         JOB,
         admission,
@@ -206,10 +213,23 @@ def test_the_replaced_slice_is_finished(workloads: list[WorkloadBuilder]) -> Non
     )
 
 
+def test_a_replacement_on_its_way_keeps_the_workers_and_writes_nothing_until_its_window_ends() -> None:
+    slices = [slice_().admitted(2).finished(kueue.SLICE_REPLACED), slice_(2, 6).replacing("a-1").pending()]
+    parsed = [w.parsed() for w in slices]
+    within = kueue.admission_of(JOB, parsed, NOW + kueue.REPLACEMENT_WINDOW_S - 1)
+    assert (within.workers, within.admitted, within.running) == (2, True, None)
+    assert write(slices, 2, room=4) is None
+    late = kueue.admission_of(JOB, parsed, NOW + kueue.REPLACEMENT_WINDOW_S + 1)
+    assert (late.workers, late.admitted, late.reason) == (0, False, "Pending")
+    # Finished by the operator (the job's own replacement settled) or for another job's slice: no window.
+    ours = [slice_().admitted(2).finished(), slice_(2, 6).replacing("a-1").pending()]
+    assert kueue.admission_of(JOB, [w.parsed() for w in ours], NOW).workers == 0
+
+
 def test_a_slice_lowered_in_place_is_admitted_for_its_new_count() -> None:
     lowered = slice_().admitted(8).obj()
     lowered["spec"]["podSets"][0]["count"] = 5  # the admission itself never changes
-    assert kueue.admission_of(JOB, [kueue.parse_workload(lowered)]).workers == 5
+    assert kueue.admission_of(JOB, [kueue.parse_workload(lowered)], NOW).workers == 5
 
 
 def test_an_ended_jobs_slice_is_finished_so_its_quota_goes_back_at_once() -> None:
@@ -223,7 +243,7 @@ def test_an_ended_jobs_slice_is_finished_so_its_quota_goes_back_at_once() -> Non
 
 
 def observed(workloads: list[WorkloadBuilder], pods: list[Any], desired: int) -> Observed:
-    admission = kueue.admission_of(JOB, [w.parsed() for w in workloads])
+    admission = kueue.admission_of(JOB, [w.parsed() for w in workloads], NOW)
     return Observed(pods, frozenset(), NODES, desired, free_gpus=0, admission=admission)
 
 
@@ -273,7 +293,9 @@ SPOT_FLAVOR = kueue.Flavor(
 
 
 def test_the_admitted_flavors_node_labels_and_tolerations_go_onto_the_workers() -> None:
-    admission = kueue.admission_of(JOB, [slice_().admitted(2, flavor="spot").parsed()], {"spot": SPOT_FLAVOR})
+    admission = kueue.admission_of(
+        JOB, [slice_().admitted(2, flavor="spot").parsed()], NOW, {"spot": SPOT_FLAVOR}
+    )
     assert admission.placement == Placement({"pool": "spot-gpus"}, SPOT_FLAVOR.tolerations)
     seen = Observed([], frozenset(), NODES, 8, free_gpus=0, admission=admission)
     plan = plan_job(JOB, seen, NOW, CONFIG)
