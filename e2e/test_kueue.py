@@ -12,8 +12,6 @@ A sampler reads the pods all along: never more GPUs requested than the quota.
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +22,7 @@ import pytest
 import yaml
 from ebbflow_devtools import trainer_logs
 from ebbflow_devtools.kind import E2E_NAMESPACE, Kind, KindError, poll
+from ebbflow_devtools.kind_jobs import make_shared_dir, on_shared_volume, read_journal
 from ebbflow_devtools.kueue import cluster_queue, local_queue, resource_flavor
 from ebbflow_devtools.waiting import NotYet
 
@@ -68,11 +67,9 @@ def queue(kind: Kind, namespace: str) -> Iterator[str]:
 
 @pytest.fixture
 def shared(kind: Kind, namespace: str) -> Iterator[Path]:
-    """The queued job's directory on a shared volume (the host's side), writable by the trainer."""
+    """The queued job's directory on a shared volume (the host's side)."""
     with jobs.shared_claim(kind, CLAIM, (QUEUED_DIR,)) as volume:
-        (volume / QUEUED_DIR).mkdir()
-        os.chmod(volume / QUEUED_DIR, 0o777)
-        yield volume / QUEUED_DIR
+        yield make_shared_dir(volume, QUEUED_DIR)
 
 
 class QuotaSampler(threading.Thread):
@@ -131,14 +128,6 @@ def _condition(status: dict[str, Any], kind_of: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions", []) if c["type"] == kind_of), {})
 
 
-def _journal(directory: Path) -> list[dict[str, Any]]:
-    """Every worker's journal events (one file for all), in time order; a half-written last line is
-    left out."""
-    path = directory / "journal.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return sorted((json.loads(line) for line in lines if line.endswith("}")), key=lambda e: e["time"])
-
-
 def _worlds_started_behind(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The `generation` events that started a world at a step below one already trained: lost steps."""
     reached, behind = 0, []
@@ -151,13 +140,7 @@ def _worlds_started_behind(events: list[dict[str, Any]]) -> list[dict[str, Any]]
 
 def _queued_job(directory: str) -> dict[str, Any]:
     job = jobs.digits_job("queued", 1, 2, steps=STEPS, vnode_seconds=0.03, gpus=2, queue=QUEUE)
-    job["spec"]["checkpoint"] = {"path": "/checkpoints", "intervalSteps": CHECKPOINT_EVERY}
-    pod = job["spec"]["template"]["spec"]
-    pod["volumes"] = [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": CLAIM}}]
-    container = pod["containers"][0]
-    container["volumeMounts"] = [{"name": "checkpoints", "mountPath": "/checkpoints", "subPath": directory}]
-    container["command"] += ["--journal", "/checkpoints/journal.jsonl"]
-    return job
+    return on_shared_volume(job, CLAIM, directory, CHECKPOINT_EVERY)
 
 
 def test_a_queued_job_preempted_by_a_higher_priority_one_suspends_and_resumes_without_losing_a_step(
@@ -191,7 +174,7 @@ def test_a_queued_job_preempted_by_a_higher_priority_one_suspends_and_resumes_wi
         f"{sampler.most_gpus} GPUs requested under a quota of {QUOTA_GPUS}"
     )
     assert ("False", "EvictedPreempted") in sampler.admitted, sampler.admitted
-    events = _journal(shared)
+    events = read_journal(shared)
     assert not _worlds_started_behind(events), _worlds_started_behind(events)
     left = [e for e in events if e["event"] == "left"]
     # One suspension, one world from the checkpoint: growing back takes no restart.

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from ebbflow_devtools.demo import target_accuracy
 from ebbflow_devtools.kind import E2E_NAMESPACE, Kind, poll
+from ebbflow_devtools.kind_jobs import example
 from ebbflow_operator.decision.manifests import rendezvous_name
 
 from . import jobs
@@ -42,7 +43,7 @@ def shared_claim(kind: Kind, namespace: str) -> Iterator[Path]:
 
 def _job(name: str, gpus: int, extra_args: list[str]) -> dict[str, Any]:
     """The example's job on this test's claim, with `gpus` GPUs a worker."""
-    (job,) = jobs.example(f"jobs/{name}.yaml")
+    (job,) = example(f"jobs/{name}.yaml")
     job = copy.deepcopy(job)
     pod = job["spec"]["template"]["spec"]
     pod["volumes"][0]["persistentVolumeClaim"]["claimName"] = CLAIM
