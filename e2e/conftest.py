@@ -5,7 +5,8 @@ built on this machine (hack/kind), with the fake GPU device plugin advertising t
 Session setup (minutes cold, about five warm): the cluster (`hack/kind/up.sh`) with kube-router's
 firewall beside flannel so that NetworkPolicy is enforced (`hack/kube-router`), the images
 (`hack/images/build-images.sh`; the trainer's CPU variant is loaded into the workers), the device
-plugin, the operator's chart. When any of it fails, tests skip on a developer machine but fail under CI=true.
+plugin, Kueue (`hack/kueue`) and the operator's chart with its Kueue integration on. When any of it
+fails, tests skip on a developer machine but fail under CI=true.
 In CI the set-up ran before the tier (hack/ci-prepare-e2e.sh) and is not checked again.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from ebbflow_devtools.kind import (
-    CHART_VALUES,
+    E2E_CHART_VALUES,
     E2E_NAMESPACE,
     OPERATOR_DEPLOYMENT,
     RELEASE,
@@ -82,7 +83,7 @@ def kind() -> Kind:
         cluster.kubectl("get", "nodes")  # still the cluster it set up: reachable, or the tier fails here
         return cluster
     try:
-        set_up(cluster, say=record_timing, network_policy=True)
+        set_up(cluster, say=record_timing, network_policy=True, kueue=True)
     except (KindError, TimeoutError) as error:
         if os.environ.get("CI") == "true":
             pytest.fail(f"e2e tier cannot run in CI: {error}", pytrace=False)
@@ -122,7 +123,7 @@ def operator(kind: Kind) -> Iterator[str]:
 def reinstalled(kind: Kind) -> Iterator[None]:
     """Whatever the test did to the release, the next test finds it installed and Ready."""
     yield
-    install_chart(kind, CHART_VALUES)
+    install_chart(kind, E2E_CHART_VALUES)
     poll(
         lambda: release.operator_ready(kind), release.REMOVAL_DEADLINE_S, "the operator Ready after reinstall"
     )

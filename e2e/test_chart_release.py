@@ -16,7 +16,7 @@ import pytest
 import yaml
 from ebbflow_api import contract
 from ebbflow_devtools.kind import (
-    CHART_VALUES,
+    E2E_CHART_VALUES,
     RELEASE,
     RELEASE_NAMESPACE,
     Kind,
@@ -96,7 +96,7 @@ def test_helm_uninstall_removes_the_release_but_keeps_the_crd_and_the_jobs(
     with pytest.raises(KindError):  # the release is gone, not just scaled down
         run("helm", "status", RELEASE, "--namespace", RELEASE_NAMESPACE, timeout=60)
 
-    install_chart(kind, CHART_VALUES)
+    install_chart(kind, E2E_CHART_VALUES)
     poll(lambda: release.operator_ready(kind), release.REMOVAL_DEADLINE_S, "the operator Ready again")
     # A spec change made now is observed: the reinstalled operator reconciles the job left behind.
     patch = '{"spec": {"replicas": {"max": 2}}}'

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ebbflow_api.contract import LABEL_JOB_NAME
 from ebbflow_devtools import trainer_logs
 from ebbflow_devtools.kind import E2E_NAMESPACE, Kind, KindError, poll
 from ebbflow_devtools.kind_jobs import make_shared_dir, on_shared_volume, read_journal
@@ -81,6 +82,7 @@ class QuotaSampler(threading.Thread):
         super().__init__(daemon=True)
         self.kind = kind
         self.most_gpus = 0
+        self.at_most: list[str] = []  # the pods and their GPUs when the most were requested
         self.workers: list[tuple[float, str, int]] = []  # (monotonic time, job, workers not ended)
         self.admitted: list[tuple[str, str]] = []  # the queued job's (status, reason), each change once
         self._stopped = threading.Event()
@@ -88,12 +90,15 @@ class QuotaSampler(threading.Thread):
     def run(self) -> None:
         while not self._stopped.wait(1.0):
             try:
-                pods = self.kind.api.pods(E2E_NAMESPACE, "ebbflow.dev/job-name")
+                # The queue's jobs alone: pods of an earlier test may still be terminating.
+                pods = self.kind.api.pods(E2E_NAMESPACE, f"{LABEL_JOB_NAME} in (queued,urgent)")
                 condition = _condition(jobs.status(self.kind, "queued"), "Admitted")
             except KindError:
                 continue
             live = [p for p in pods if not _ended(p)]
-            self.most_gpus = max(self.most_gpus, sum(_gpus(p) for p in live))
+            if sum(_gpus(p) for p in live) > self.most_gpus:
+                self.most_gpus = sum(_gpus(p) for p in live)
+                self.at_most = sorted(f"{p['metadata']['name']}: {_gpus(p)}" for p in live)
             for job in ("queued", "urgent"):
                 count = sum(p["metadata"]["name"].startswith(f"{job}-worker-") for p in live)
                 if not any(j == job for _, j, _ in self.workers) or self._last(job) != count:
@@ -171,7 +176,7 @@ def test_a_queued_job_preempted_by_a_higher_priority_one_suspends_and_resumes_wi
 
     assert final["progress"]["step"] == STEPS, final["progress"]
     assert sampler.most_gpus <= QUOTA_GPUS, (
-        f"{sampler.most_gpus} GPUs requested under a quota of {QUOTA_GPUS}"
+        f"{sampler.most_gpus} GPUs requested under a quota of {QUOTA_GPUS}: {sampler.at_most}"
     )
     assert ("False", "EvictedPreempted") in sampler.admitted, sampler.admitted
     events = read_journal(shared)

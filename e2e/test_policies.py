@@ -23,7 +23,7 @@ from typing import Any
 
 from ebbflow_api import contract
 from ebbflow_devtools import trainer_logs
-from ebbflow_devtools.kind import CHART_VALUES, RELEASE, RELEASE_NAMESPACE, Kind, install_chart, poll, run
+from ebbflow_devtools.kind import E2E_CHART_VALUES, RELEASE, RELEASE_NAMESPACE, Kind, install_chart, poll, run
 from ebbflow_devtools.waiting import NotYet
 
 from . import jobs, release
@@ -161,7 +161,7 @@ def test_helm_upgrade_to_goodput_allocates_by_the_trainers_reports_and_helm_roll
     # A changed value changes the Deployment's pod template: its pods are replaced, the jobs' are not.
     phases = _Phases()
     first = release.operator_pods(kind)
-    install_chart(kind, (*CHART_VALUES, "operator.policy=goodput"))
+    install_chart(kind, (*E2E_CHART_VALUES, "operator.policy=goodput"))
     upgraded = release.rolled(kind, first, "--policy=goodput")
     release.trains_on(kind, "steady", 20)
     assert release.job_pods(kind, "steady") == steady, "helm upgrade replaced a pod of the job"

@@ -65,9 +65,10 @@ CHART_VALUES = (
     "metrics.serviceMonitor.interval=5s",
     "metrics.podMonitor.enabled=true",
     "metrics.podMonitor.interval=5s",
-    # Jobs labeled with a Kueue LocalQueue run within its quota (Kueue is installed beside the chart).
-    "operator.kueue=true",
 )
+# The e2e tier's cluster also runs Kueue (hack/kueue), and the operator's integration with it: jobs
+# labeled with a LocalQueue run within its quota, every other job as without it.
+E2E_CHART_VALUES = (*CHART_VALUES, "operator.kueue=true")
 # A node taken away carries this NoExecute taint until its Node object is deleted.
 TAKEN_AWAY_TAINT = "ebbflow.dev/taken-away"
 PROMETHEUS_NAMESPACE = "monitoring"  # hack/prometheus-operator/deploy.yaml
@@ -240,7 +241,9 @@ def record_timing(line: str) -> None:
             print(f"  e2e setup, {line.strip()}", file=timings)
 
 
-def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_policy: bool = False) -> None:
+def set_up(
+    kind: Kind, say: Callable[[str], None] = lambda _: None, network_policy: bool = False, kueue: bool = False
+) -> None:
     """Images, cluster, device plugin, the demo's and e2e's namespaces, the operator by `helm
     install` (CHART_VALUES) and Prometheus; each step is cached or idempotent: a second call on a
     running cluster takes seconds. `say` hears each step as it ends, with its duration.
@@ -248,6 +251,9 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_poli
     `network_policy`: kube-router's firewall beside flannel enforces NetworkPolicy (hack/kube-router;
     its binary takes a few minutes to build the first time on a machine). Installed right after the
     cluster, before anything runs in it; a cluster set up without it gets it on a later call.
+
+    `kueue`: Kueue's manager beside the chart (`apply_kueue`; its binary takes about four minutes to
+    build the first time), the chart with E2E_CHART_VALUES; without it, the chart with CHART_VALUES.
 
     Every image is built before the cluster starts, so the trainer build's transient space and the
     kind nodes' copies of it are never needed at once; loading into a node frees build-only caches
@@ -266,8 +272,11 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_poli
     run("bash", "hack/build-tools.sh", "prometheus")
     prometheus = run("bash", "hack/prometheus/build-image.sh").strip().splitlines()[-1]
     monitoring = Monitoring(prometheus, *run("bash", "hack/prometheus-operator/build-image.sh").split()[-3:])
-    kueue_image, kueue_config = run("bash", "hack/kueue/build-image.sh").split()[-2:]
-    done("images (operator, trainer, device plugin, Prometheus and its operator, Kueue)")
+    if kueue:
+        kueue_image, kueue_config = run("bash", "hack/kueue/build-image.sh").split()[-2:]
+    done(
+        f"images (operator, trainer, device plugin, Prometheus and its operator{', Kueue' if kueue else ''})"
+    )
     run("bash", "hack/kind/up.sh")
     for namespace in (DEMO_NAMESPACE, E2E_NAMESPACE):
         kind.ensure_namespace(namespace)
@@ -286,14 +295,16 @@ def set_up(kind: Kind, say: Callable[[str], None] = lambda _: None, network_poli
         # The chart's monitors need only the Prometheus Operator's CRDs: Prometheus starts beside it.
         apply_monitoring(kind, monitoring)
         done("Prometheus Operator's CRDs and workloads applied (hack/prometheus-operator)")
-        # The operator watches Kueue's Workloads and ResourceFlavors: their CRDs come first.
-        apply_kueue(kind, kueue_image, Path(kueue_config))
-        done("Kueue's CRDs and manager applied (hack/kueue)")
-        install_chart(kind, CHART_VALUES)
+        if kueue:
+            # The operator watches Kueue's Workloads and ResourceFlavors: their CRDs come first.
+            apply_kueue(kind, kueue_image, Path(kueue_config))
+            done("Kueue's CRDs and manager applied (hack/kueue)")
+        install_chart(kind, E2E_CHART_VALUES if kueue else CHART_VALUES)
         done("operator (helm upgrade --install charts/ebbflow, with its ServiceMonitor and PodMonitor)")
         monitoring_rolled_out(kind)
-        rollout(kind, kueue_cluster.NAMESPACE, kueue_cluster.DEPLOYMENT)
-        done("Prometheus Operator, its Prometheus and Kueue rolled out, beside the chart")
+        if kueue:
+            rollout(kind, kueue_cluster.NAMESPACE, kueue_cluster.DEPLOYMENT)
+        done(f"Prometheus Operator and its Prometheus{' and Kueue' if kueue else ''} rolled out")
         removals, seconds = trainer_loaded.result()
     for removal in removals:
         say(f"  {removal}")
@@ -435,13 +446,14 @@ def _adopt_crd(kind: Kind) -> None:
 
 
 def main() -> None:
-    """Sets the e2e tier's cluster up (NetworkPolicy enforced), saying each step as it ends."""
+    """Sets the e2e tier's cluster up (NetworkPolicy enforced, Kueue beside the chart), saying each
+    step as it ends."""
 
     def say(line: str) -> None:
         print(line, flush=True)
         record_timing(line)
 
-    set_up(Kind(), say=say, network_policy=True)
+    set_up(Kind(), say=say, network_policy=True, kueue=True)
 
 
 if __name__ == "__main__":
