@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from ebbflow_devtools.kind import E2E_NAMESPACE, Kind, KindError, poll
+from ebbflow_devtools.kind import E2E_NAMESPACE, Kind, KindError, kueue_ready, poll
 from ebbflow_devtools.kind_jobs import (
     digits_job,
     make_shared_dir,
@@ -128,6 +128,7 @@ def main() -> None:
     args = parser.parse_args()
     kind = Kind()
     _empty_namespace(kind)
+    kueue_ready(kind)
     _apply(kind, _queue_objects())
     runs: dict[str, list[dict[str, float]]] = {"kueue": [], "plain": []}
     try:

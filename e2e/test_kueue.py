@@ -22,7 +22,7 @@ import pytest
 import yaml
 from ebbflow_api.contract import LABEL_JOB_NAME
 from ebbflow_devtools import trainer_logs
-from ebbflow_devtools.kind import E2E_NAMESPACE, Kind, KindError, poll
+from ebbflow_devtools.kind import E2E_NAMESPACE, Kind, KindError, kueue_ready, poll
 from ebbflow_devtools.kind_jobs import make_shared_dir, on_shared_volume, read_journal
 from ebbflow_devtools.kueue import cluster_queue, local_queue, resource_flavor
 from ebbflow_devtools.waiting import NotYet
@@ -55,6 +55,7 @@ def queue(kind: Kind, namespace: str) -> Iterator[str]:
             return NotYet(str(error))
         return True
 
+    kueue_ready(kind)
     poll(applied, 120, "the queue objects admitted by Kueue's webhooks")
     yield QUEUE
     kind.kubectl("-n", namespace, "delete", "elastictrainingjobs", "--all", "--wait=true", timeout=300)

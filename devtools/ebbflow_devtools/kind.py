@@ -254,6 +254,7 @@ def set_up(
 
     `kueue`: Kueue's manager beside the chart (`apply_kueue`; its binary takes about four minutes to
     build the first time), the chart with E2E_CHART_VALUES; without it, the chart with CHART_VALUES.
+    Kueue may not serve yet when this returns (`kueue_ready` waits for it).
 
     Every image is built before the cluster starts, so the trainer build's transient space and the
     kind nodes' copies of it are never needed at once; loading into a node frees build-only caches
@@ -302,9 +303,7 @@ def set_up(
         install_chart(kind, E2E_CHART_VALUES if kueue else CHART_VALUES)
         done("operator (helm upgrade --install charts/ebbflow, with its ServiceMonitor and PodMonitor)")
         monitoring_rolled_out(kind)
-        if kueue:
-            rollout(kind, kueue_cluster.NAMESPACE, kueue_cluster.DEPLOYMENT)
-        done(f"Prometheus Operator and its Prometheus{' and Kueue' if kueue else ''} rolled out")
+        done("Prometheus Operator and its Prometheus rolled out, beside the chart")
         removals, seconds = trainer_loaded.result()
     for removal in removals:
         say(f"  {removal}")
@@ -363,6 +362,13 @@ def apply_kueue(kind: Kind, image: str, config: Path) -> None:
         "apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(manifests)
     )
     kind.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=120s", timeout=150)
+
+
+def kueue_ready(kind: Kind) -> None:
+    """Kueue's manager rolled out: its webhook certificate, which its internal certificate management
+    writes into a Secret once it runs, reached the pod through the kubelet's periodic Secret sync (a
+    minute or two after `apply_kueue`, so `set_up` does not wait for it)."""
+    rollout(kind, kueue_cluster.NAMESPACE, kueue_cluster.DEPLOYMENT)
 
 
 def monitoring_rolled_out(kind: Kind) -> None:
