@@ -91,6 +91,17 @@ def kind() -> Kind:
     return cluster
 
 
+@pytest.fixture(autouse=True)
+def every_worker_node(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that takes a node away and fails before giving it back leaves the next test every
+    worker node all the same: its failure stays its own."""
+    yield
+    if "kind" in request.fixturenames:
+        cluster = request.getfixturevalue("kind")
+        if isinstance(cluster, Kind):
+            cluster.give_back_taken_nodes()
+
+
 @pytest.fixture
 def namespace(kind: Kind) -> Iterator[str]:
     """The e2e namespace (the chart gives its workers the trainers' ServiceAccount). A test's jobs

@@ -24,33 +24,21 @@ def _section(kind: Kind, title: str, *args: str) -> str:
 
 
 def cluster_state(kind: Kind) -> str:
-    """Nodes, every pod, the e2e namespace's jobs and latest events, the last lines of each of its
-    pods' logs (previous container too, when one restarted), of the operator's and kube-router's,
-    and each kube-router pod's rules for the e2e namespace's pods."""
+    """Nodes, every pod, the last lines of each e2e pod's log (previous container too, when one
+    restarted) and of the operator's, then the e2e namespace's jobs and latest events, kube-router's
+    log and each kube-router pod's rules for the e2e namespace's pods. The logs come first: a CI
+    report that shows only a report's head then still shows what the trainers last said."""
     parts = [
         _section(kind, "nodes", "get", "nodes", "-o", "wide"),
         _section(kind, "pods", "get", "pods", "-A", "-o", "wide"),
-        _section(kind, "jobs", "-n", E2E_NAMESPACE, "get", "elastictrainingjobs", "-o", "yaml"),
-        _section(
-            kind, "events", "-n", E2E_NAMESPACE, "get", "events", "--sort-by=.lastTimestamp", "-o", "wide"
-        ),
+        *_pod_logs(kind),
     ]
-    try:
-        pods = kind.json("-n", E2E_NAMESPACE, "get", "pods")["items"]
-    except KindError as error:
-        pods = []
-        parts.append(f"--- e2e pods unreadable: {error}\n")
-    for pod in pods:
-        name = pod["metadata"]["name"]
-        current = ("-n", E2E_NAMESPACE, "logs", name, f"--tail={LOG_LINES}")
-        parts.append(_section(kind, f"log of {name}", *current))
-        restarts = sum(s.get("restartCount", 0) for s in pod.get("status", {}).get("containerStatuses", []))
-        if restarts:
-            previous = ("-n", E2E_NAMESPACE, "logs", name, "--previous", f"--tail={LOG_LINES}")
-            parts.append(_section(kind, f"previous log of {name}", *previous))
     selector = "app.kubernetes.io/component=operator"
     operator_log = ("-n", RELEASE_NAMESPACE, "logs", "-l", selector, "--prefix", f"--tail={LOG_LINES * 2}")
     parts.append(_section(kind, "operator", *operator_log))
+    parts.append(_section(kind, "jobs", "-n", E2E_NAMESPACE, "get", "elastictrainingjobs", "-o", "yaml"))
+    events = ("-n", E2E_NAMESPACE, "get", "events", "--sort-by=.lastTimestamp", "-o", "wide")
+    parts.append(_section(kind, "events", *events))
     # The NetworkPolicy enforcer: its syncs and errors when a job's own traffic is refused.
     enforcer_log = (
         "-n",
@@ -64,6 +52,24 @@ def cluster_state(kind: Kind) -> str:
     parts.append(_section(kind, "kube-router", *enforcer_log))
     parts.extend(_policy_rules(kind))
     return "\n".join(parts)
+
+
+def _pod_logs(kind: Kind) -> list[str]:
+    """The last lines of each e2e pod's log, and of its previous container's when it restarted."""
+    try:
+        pods = kind.json("-n", E2E_NAMESPACE, "get", "pods")["items"]
+    except KindError as error:
+        return [f"--- e2e pods unreadable: {error}\n"]
+    parts = []
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        current = ("-n", E2E_NAMESPACE, "logs", name, f"--tail={LOG_LINES}")
+        parts.append(_section(kind, f"log of {name}", *current))
+        restarts = sum(s.get("restartCount", 0) for s in pod.get("status", {}).get("containerStatuses", []))
+        if restarts:
+            previous = ("-n", E2E_NAMESPACE, "logs", name, "--previous", f"--tail={LOG_LINES}")
+            parts.append(_section(kind, f"previous log of {name}", *previous))
+    return parts
 
 
 def _policy_rules(kind: Kind) -> list[str]:

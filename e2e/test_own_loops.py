@@ -22,6 +22,7 @@ import pytest
 from ebbflow_devtools.demo import target_accuracy
 from ebbflow_devtools.kind import E2E_NAMESPACE, Kind, poll
 from ebbflow_devtools.kind_jobs import example
+from ebbflow_devtools.waiting import NotYet
 from ebbflow_operator.decision.manifests import rendezvous_name
 
 from . import jobs
@@ -70,13 +71,14 @@ def _last_step(shared: Path, job: str) -> int:
     return max((e["step"] for e in _events(shared, job) if e["event"] in ("step", "start")), default=0)
 
 
-def _world_of(shared: Path, job: str, size: int, after: int) -> dict[str, Any] | None:
-    """The first world of `size` that started after the first `after` starts, once it trained a step."""
+def _world_of(shared: Path, job: str, size: int, after: int) -> dict[str, Any] | NotYet:
+    """The first world of `size` that started after the first `after` starts, once it trained a step;
+    else what rank 0 wrote last (a timeout's message then says where the script stopped)."""
+    events = _events(shared, job)
     later = [s for s in _starts(shared, job)[after:] if s["world"] == size]
-    if not later:
-        return None
-    trained = [e for e in _events(shared, job) if e["event"] == "step" and e["time"] > later[0]["time"]]
-    return later[0] if trained else None
+    if later and any(e["event"] == "step" and e["time"] > later[0]["time"] for e in events):
+        return later[0]
+    return NotYet(f"{job}'s last events: {events[-3:]}")
 
 
 def _node_to_take(kind: Kind) -> str:

@@ -117,28 +117,25 @@ def test_the_job_keeps_training_when_its_rendezvous_node_is_lost(
     trio = max(w.generation for w in trainer_logs.worlds(_pod_logs(kind, "store")))
     taken_at = time.monotonic()
     kind.take_node_away(node)
-    try:
-        # The operator puts a new store under the same DNS name; the trainers resolve it again, re-join
-        # it (it starts empty) and resume from memory.
-        replaced = poll(
-            lambda: (
-                (p := _rendezvous_pod(kind, "store"))["metadata"]["uid"] != store["metadata"]["uid"]
-                and p["status"].get("phase") == "Running"
-            ),
-            JOB_DEADLINE_S,
-            "a new rendezvous pod",
-        )
-        assert replaced
-        poll(lambda: _grows_after(kind, "store", trio, 2), JOB_DEADLINE_S, "a world of two on the new store")
-        resumed_at = time.monotonic()
-        pair = next(
-            w for w in trainer_logs.worlds(_pod_logs(kind, "store")) if w.generation > trio and w.size == 2
-        )
-        assert pair.source == "memory", pair
-        final, (steps, _) = _finish(kind, "store")
-        assert steps == 400 and final["progress"]["eval"]["metrics"]["accuracy"] >= target_accuracy()
-    finally:
-        kind.bring_node_back(node)  # the next scenario needs every node
+    # The operator puts a new store under the same DNS name; the trainers resolve it again, re-join
+    # it (it starts empty) and resume from memory.
+    replaced = poll(
+        lambda: (
+            (p := _rendezvous_pod(kind, "store"))["metadata"]["uid"] != store["metadata"]["uid"]
+            and p["status"].get("phase") == "Running"
+        ),
+        JOB_DEADLINE_S,
+        "a new rendezvous pod",
+    )
+    assert replaced
+    poll(lambda: _grows_after(kind, "store", trio, 2), JOB_DEADLINE_S, "a world of two on the new store")
+    resumed_at = time.monotonic()
+    pair = next(
+        w for w in trainer_logs.worlds(_pod_logs(kind, "store")) if w.generation > trio and w.size == 2
+    )
+    assert pair.source == "memory", pair
+    final, (steps, _) = _finish(kind, "store")
+    assert steps == 400 and final["progress"]["eval"]["metrics"]["accuracy"] >= target_accuracy()
     jobs.record_figures(
         "rendezvous_node_lost",
         {

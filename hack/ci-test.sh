@@ -16,8 +16,9 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 # The slowest tests of each tier are listed at its end: where the next minutes of CI time are. Every
 # test's duration is kept in a JUnit XML file per tier ($EBBFLOW_TEST_RESULTS, default beside the
-# timings) for the budget's bookkeeping.
-PYTEST=(.venv/bin/python -m pytest --durations=15)
+# timings) for the budget's bookkeeping. Short tracebacks: a failure's report keeps room near its head
+# for the cluster's state (e2e/diagnostics.py).
+PYTEST=(.venv/bin/python -m pytest --durations=15 --tb=short)
 results=${EBBFLOW_TEST_RESULTS:-${TMPDIR:-/tmp}/ebbflow-ci-results}
 mkdir -p "$results"
 timings=${EBBFLOW_TIMINGS:-/dev/null}

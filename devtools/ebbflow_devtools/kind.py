@@ -185,6 +185,23 @@ class Kind:
             f"the DaemonSets' pods on {node} Ready again",
         )
 
+    def give_back_taken_nodes(self, timeout: float = 300) -> list[str]:
+        """Bring back every worker node that is gone or still carries the taken-away taint (a test
+        that failed between taking a node and giving it back), so that the next test finds them
+        all; the nodes given back."""
+        nodes = {n["metadata"]["name"]: n for n in self.json("get", "nodes")["items"]}
+        taken = [
+            name
+            for name in WORKERS
+            if name not in nodes
+            or any(t.get("key") == TAKEN_AWAY_TAINT for t in nodes[name]["spec"].get("taints", []))
+        ]
+        for name in taken:
+            # A Node half taken away keeps its taint through the kubelet's return: it goes first.
+            self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=true", timeout=timeout)
+            self.bring_node_back(name, timeout)
+        return taken
+
 
 def daemons_not_ready(pods: list[dict[str, Any]], node: str, workers: tuple[str, ...] = WORKERS) -> set[str]:
     """The DaemonSets (namespace/name) that run a pod on another worker node but no Ready pod on

@@ -4,8 +4,8 @@ The store lives in the rendezvous pod (``ebbflow-train rendezvous``), not inside
 workers bootstrap every world from it under a generation number the agents of one round agree on.
 :class:`GenerationRendezvousHandler` survives the store's loss (it probes the address anew and
 joins a round of the replacement; :class:`StoreLost` after ``--store-loss-timeout``), reports a
-waiting node when its node was dropped from the world, and bounds the agent's poll so that a store
-call that never returns is taken for a lost connection (``HUNG_CALL_GRACE``).
+waiting node when its node or another member left the world, and bounds the agent's poll so that a
+store call that never returns is taken for a lost connection (``HUNG_CALL_GRACE``).
 
 Invariants: generation numbers only increase over the job's life, whatever store hands them out;
 nothing the old store held is needed to continue (the workers' state is in their own memory); while
@@ -180,6 +180,7 @@ class GenerationRendezvousHandler(RendezvousHandler):
         self._last_generation = 0  # the newest generation this node ran, whatever store gave it
         self._last_world: frozenset[str] = frozenset()  # the nodes of that generation's world
         self._dropped_generation = 0  # the generation whose world this node was last dropped from
+        self._member_gone_generation = 0  # the generation whose world last lost another member
         self._round_delegate: DynamicRendezvousHandler | None = None  # the handler of the last round
         self._store: TCPStore | None = None
         self._delegate: DynamicRendezvousHandler | None = None
@@ -360,8 +361,9 @@ class GenerationRendezvousHandler(RendezvousHandler):
     def num_nodes_waiting(self) -> int:
         """Nodes waiting to join, which makes the agent re-form its world at a step boundary. While the
         store is lost: 0, so the world trains on; once a new store answers: 1, so every member re-forms
-        there. At least 1 while this node's world runs but the rendezvous dropped it (see the module
-        docstring). Raises StoreLost when none answered within ``--store-loss-timeout``."""
+        there. At least 1 while this node's world runs but the rendezvous dropped it or another of its
+        members (see the module docstring). Raises StoreLost when none answered within
+        ``--store-loss-timeout``."""
         if self._delegate is not None:
             delegate = self._delegate
             bound = self._config.store_timeout + HUNG_CALL_GRACE
@@ -370,7 +372,8 @@ class GenerationRendezvousHandler(RendezvousHandler):
             except (*STORE_LOST_ERRORS, StoreCallHung) as error:
                 self._store_lost(error)
             else:
-                return max(waiting, 1) if self._dropped_from_the_world() else waiting
+                broken = self._dropped_from_the_world() or self._member_gone()
+                return max(waiting, 1) if broken else waiting
         if self._reconnect():
             return 1
         too_long = self._lost_for_too_long()
@@ -398,6 +401,28 @@ class GenerationRendezvousHandler(RendezvousHandler):
             self._config.keep_alive_interval * self._config.keep_alive_max_attempt,
             self._last_generation,
         )
+        return True
+
+    def _member_gone(self) -> bool:
+        """Whether another member of this node's world has left the rendezvous (its leave on SIGTERM, or
+        its heartbeats expired): the world is broken even where no collective of this node's workers
+        failed (docs/design/rendezvous.md, "A member gone"); read from the state torch's handler has
+        just synced."""
+        assert self._delegate is not None
+        if self._delegate is not self._round_delegate:  # a new store: _reconnect has asked to re-form
+            return False
+        state = self._delegate._state_holder.state
+        gone = self._last_world - {repr(node) for node in state.participants}
+        if not gone or repr(self._delegate._this_node) in gone:  # this node's own absence: dropped
+            return False
+        if self._member_gone_generation != self._last_generation:  # said once; the agent polls often
+            self._member_gone_generation = self._last_generation
+            log.warning(
+                "%d member(s) of the world of generation %d left the rendezvous: stopping at a step "
+                "boundary to re-form without them",
+                len(gone),
+                self._last_generation,
+            )
         return True
 
     def leave(self) -> None:
