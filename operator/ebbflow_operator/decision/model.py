@@ -114,6 +114,9 @@ class Pod:
     ready: bool = False
     exit_code: int | None = None  # of the first terminated container that failed (or 0)
     termination_message: str = ""  # that failed container's state.terminated.message: why it stopped
+    # Every container terminated with exit code 0: the kubelet reports the phase Succeeded only a
+    # moment later, and meanwhile the pod is Running and not Ready.
+    completed: bool = False
     disruption: str | None = None  # DisruptionTarget condition reason, or status.reason
     progress: str | None = None  # ANNOTATION_PROGRESS
     world_generation: int = 0
@@ -231,6 +234,15 @@ def _termination(status: Mapping[str, Any]) -> tuple[int | None, str]:
     return int(failed["exitCode"]), str(failed.get("message") or "").strip()
 
 
+def _completed(status: Mapping[str, Any]) -> bool:
+    """Every container has terminated with exit code 0 (whatever the phase says yet)."""
+    statuses = status.get("containerStatuses") or []
+    return bool(statuses) and all(
+        (terminated := (container.get("state") or {}).get("terminated")) and int(terminated["exitCode"]) == 0
+        for container in statuses
+    )
+
+
 def _disruption(status: Mapping[str, Any]) -> str | None:
     for condition in status.get("conditions") or []:
         if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
@@ -262,6 +274,7 @@ def parse_pod(raw: Mapping[str, Any]) -> Pod:
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
         exit_code=exit_code,
         termination_message=termination_message,
+        completed=_completed(status),
         disruption=_disruption(status),
         progress=annotations.get(contract.ANNOTATION_PROGRESS),
         world_generation=int(annotations.get(contract.ANNOTATION_WORLD_GENERATION, 0) or 0),

@@ -140,7 +140,7 @@ def classify(
             # The operator deletes only pods it no longer records, so a recorded one is being taken.
             if recorded.get(pod.name):
                 lost[pod.name] = pod.disruption or lost_reason(pod.node or "", nodes)
-        elif pod.phase == "Succeeded":
+        elif pod.phase == "Succeeded" or pod.completed:
             succeeded.append(pod)
         elif (taking := _preemption(pod, nodes, job)) is not None:
             why, deletion = taking

@@ -75,6 +75,26 @@ def container(limits: Json | None = None, requests: Json | None = None, name: st
 
 
 @pytest.mark.parametrize(
+    ("phase", "statuses", "completed"),
+    [
+        pytest.param("Running", None, False, id="no-container-statuses"),
+        pytest.param("Running", [RUNNING], False, id="running"),
+        pytest.param("Running", [terminated(0)], True, id="exited-0-before-the-phase-says-so"),
+        pytest.param("Succeeded", [terminated(0)], True, id="succeeded"),
+        pytest.param("Running", [terminated(0), RUNNING], False, id="a-sidecar-still-running"),
+        pytest.param("Running", [terminated(0), terminated(0)], True, id="every-container-exited-0"),
+        pytest.param("Running", [terminated(0), terminated(1)], False, id="one-failed"),
+        pytest.param("Running", [WAITING], False, id="not-started"),
+    ],
+)
+def test_parse_pod_completed(phase: str, statuses: list[Json] | None, completed: bool) -> None:
+    status: Json = {"phase": phase}
+    if statuses is not None:
+        status["containerStatuses"] = statuses
+    assert parse_pod(raw_pod(status=status)).completed is completed
+
+
+@pytest.mark.parametrize(
     ("statuses", "exit_code"),
     [
         pytest.param(None, None, id="no-container-statuses"),

@@ -164,6 +164,12 @@ def observed(
         pytest.param([worker(0, None, deleting=True)], {"j-worker-0": ""}, {}, id="deleting-unscheduled"),
         pytest.param([done(0)], {"j-worker-0": "od-0"}, {"succeeded": ["j-worker-0"]}, id="succeeded"),
         pytest.param(
+            [worker(0, exit_code=0, completed=True)],
+            {"j-worker-0": "od-0"},
+            {"succeeded": ["j-worker-0"]},
+            id="exited-0-phase-still-running",
+        ),
+        pytest.param(
             [failed(0, 137)],
             {"j-worker-0": "od-0"},
             {"lost": {"j-worker-0": "ExitCode137"}, "taken": [("j-worker-0", 0, "preempted")]},
