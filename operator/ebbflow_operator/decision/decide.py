@@ -221,7 +221,7 @@ def _frozen(job: Job, workers: list[Pod]) -> bool:
     worker that exited 0 handed its state over and left (a SIGTERM, the operator's or a user's):
     its Succeeded pod does not mean the training finished."""
     return job.status.phase in TERMINAL_PHASES or any(
-        p.phase == "Succeeded" and not p.deleting and p.owner_uid == job.uid for p in workers
+        p.succeeded and not p.deleting and p.owner_uid == job.uid for p in workers
     )
 
 

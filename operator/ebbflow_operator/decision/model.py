@@ -128,6 +128,13 @@ class Pod:
         return self.phase in ("Succeeded", "Failed")
 
     @property
+    def succeeded(self) -> bool:
+        """Phase Succeeded, or every container exited 0 with nothing disrupting the pod: the kubelet
+        reports the phase a moment after the containers end (a kubelet eviction's graceful exit 0
+        comes with its DisruptionTarget condition, and ends Failed)."""
+        return self.phase == "Succeeded" or (self.completed and self.disruption is None)
+
+    @property
     def holds_gpus(self) -> bool:
         """Bound and not finished: the scheduler counts its requests against the node."""
         return self.node is not None and not self.finished

@@ -140,7 +140,7 @@ def classify(
             # The operator deletes only pods it no longer records, so a recorded one is being taken.
             if recorded.get(pod.name):
                 lost[pod.name] = pod.disruption or lost_reason(pod.node or "", nodes)
-        elif pod.phase == "Succeeded" or pod.completed:
+        elif pod.succeeded:
             succeeded.append(pod)
         elif (taking := _preemption(pod, nodes, job)) is not None:
             why, deletion = taking
@@ -246,7 +246,8 @@ def _succeeded(seen: Workers, ending: Ending) -> Ending:
 
 def clean_up(job: Job, workers: Sequence[Pod], done: Set[str]) -> tuple[Deletion, ...]:
     """The workers an ended job deletes by spec.cleanPodPolicy: unfinished ones (Running; finished
-    ones stay for their logs), every one (All) or none (None). Pods in `done` are already going."""
+    or succeeded ones stay for their logs), every one (All) or none (None). Pods in `done` are
+    already going."""
     policy = job.spec.clean_pod_policy
     if policy == CleanPodPolicy.NONE:
         return ()
@@ -254,7 +255,7 @@ def clean_up(job: Job, workers: Sequence[Pod], done: Set[str]) -> tuple[Deletion
     return tuple(
         Deletion(p.name, p.uid, job.spec.leave_grace_seconds, "job finished")
         for p in workers
-        if not p.deleting and not (keep_finished and p.finished) and p.name not in done
+        if not p.deleting and not (keep_finished and (p.finished or p.succeeded)) and p.name not in done
     )
 
 

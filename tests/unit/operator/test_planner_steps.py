@@ -170,6 +170,12 @@ def observed(
             id="exited-0-phase-still-running",
         ),
         pytest.param(
+            [worker(0, exit_code=0, completed=True, disruption="TerminationByKubelet")],
+            {"j-worker-0": "od-0"},
+            {"active": ["j-worker-0"]},
+            id="exited-0-evicted-by-the-kubelet-not-success-until-its-phase",
+        ),
+        pytest.param(
             [failed(0, 137)],
             {"j-worker-0": "od-0"},
             {"lost": {"j-worker-0": "ExitCode137"}, "taken": [("j-worker-0", 0, "preempted")]},
@@ -436,14 +442,17 @@ def test_end_of_job(
 @pytest.mark.parametrize(
     ("policy", "already", "expected"),
     [
-        pytest.param("Running", set(), ["j-worker-0"], id="running-keeps-finished"),
-        pytest.param("All", set(), ["j-worker-0", "j-worker-1", "j-worker-2"], id="all"),
+        pytest.param("Running", set(), ["j-worker-0"], id="running-keeps-finished-and-exited-0"),
+        pytest.param("All", set(), ["j-worker-0", "j-worker-1", "j-worker-2", "j-worker-4"], id="all"),
         pytest.param("None", set(), [], id="none"),
-        pytest.param("All", {"j-worker-2"}, ["j-worker-0", "j-worker-1"], id="already-going-left-out"),
+        pytest.param(
+            "All", {"j-worker-2"}, ["j-worker-0", "j-worker-1", "j-worker-4"], id="already-going-left-out"
+        ),
     ],
 )
 def test_clean_up(policy: str, already: set[str], expected: list[str]) -> None:
-    workers = [worker(0), done(1), failed(2, 1), worker(3, deleting=True)]
+    exited_0 = worker(4, exit_code=0, completed=True)  # the kubelet has not reported Succeeded yet
+    workers = [worker(0), done(1), failed(2, 1), worker(3, deleting=True), exited_0]
     result = clean_up(job(cleanPodPolicy=policy), workers, already)
     assert deletions(result) == [(name, 30, "job finished") for name in expected]
 
