@@ -3,11 +3,13 @@ with Kueue installed in the cluster (hack/kueue) and the operator's integration 
 `operator.kueue`).
 
 The ClusterQueue holds 4 GPUs: job `queued` (two workers of 2 GPUs) uses all of it; job `urgent`
-(priority 100, one worker of 2 GPUs) arrives, Kueue evicts `queued`, whose workers leave at a step
-boundary (rank 0 writes the durable checkpoint, on a shared volume), the operator gives the quota
-back once they are gone, `urgent` runs, and `queued` resumes from its checkpoint when Kueue admits
-it again. The workers' journal (on the same volume) says where each world started: 0 steps lost.
-A sampler reads the pods all along: never more GPUs requested than the quota.
+(priority 100, two workers of 2 GPUs) arrives. No graceful shrink can make room (`queued` keeps one
+worker at least; the integration tier checks the shrink), so Kueue evicts `queued`, whose workers
+leave at a step boundary (rank 0 writes the durable checkpoint, on a shared volume); the operator
+gives the quota back once they are gone, `urgent` runs, and `queued` resumes from its checkpoint
+when Kueue admits it again, once `urgent` has ended. The workers' journal (on the same volume) says
+where each world started: 0 steps lost. A sampler reads the pods all along: never more GPUs
+requested than the quota.
 """
 
 from __future__ import annotations
@@ -165,11 +167,11 @@ def test_a_queued_job_preempted_by_a_higher_priority_one_suspends_and_resumes_wi
         )
         submitted = time.monotonic()
         urgent = jobs.digits_job(
-            "urgent", 1, 1, steps=100, vnode_seconds=0.03, gpus=2, priority=100, queue=queue
+            "urgent", 2, 2, steps=100, vnode_seconds=0.03, gpus=2, priority=100, queue=queue
         )
         jobs.apply(kind, urgent)
-        # What happens in between (the queued job's workers gone, the urgent one's pod made, the
-        # queued job admitted again for what is left) is seen by the sampler: each lasts seconds.
+        # What happens in between (the queued job's workers gone, the urgent one's pods made, the
+        # queued job admitted again once it ended) is seen by the sampler: each lasts seconds.
         jobs.wait_phase(kind, "urgent", "Succeeded", timeout=2 * JOB_DEADLINE_S)
         final = jobs.wait_phase(kind, "queued", "Succeeded", timeout=2 * JOB_DEADLINE_S)
     finally:
@@ -193,7 +195,7 @@ def test_a_queued_job_preempted_by_a_higher_priority_one_suspends_and_resumes_wi
         "kueue-preemption",
         {
             "urgent_submitted_to_queued_workers_gone_seconds": sampler.first("queued", submitted, 0),
-            "urgent_submitted_to_urgent_worker_created_seconds": sampler.first("urgent", submitted, 1),
+            "urgent_submitted_to_urgent_workers_created_seconds": sampler.first("urgent", submitted, 2),
             "queued_workers_stopped_at_steps": sorted({e["step"] for e in left}),
             "queued_resumed_from_checkpoint_at_step": resumed[0]["step"],
             "admitted_conditions": sampler.admitted,

@@ -18,7 +18,7 @@ from typing import Any, Self
 
 from ebbflow_api import contract
 from ebbflow_api.models import GPU_RESOURCE, ElasticTrainingJob
-from ebbflow_operator.decision import kueue
+from ebbflow_operator.decision import kueue, kueue_room
 from ebbflow_operator.decision.allocator import Demand
 from ebbflow_operator.decision.model import QUEUE_LABEL, Job, Node, Pod, format_time, parse_job
 from ebbflow_operator.decision.plan import Plan
@@ -265,6 +265,7 @@ class WorkloadBuilder:
 
     def __init__(self, job: Job, index: int = 1, workers: int | None = None) -> None:
         count = job.spec.replicas.max if workers is None else workers
+        self._gpus_per_worker = job.gpus_per_worker
         self._raw = kueue.slice_body(job, index, count, None)
         metadata = self._raw["metadata"]
         metadata |= {"uid": f"uid-{metadata['name']}", "resourceVersion": "7", "generation": 1}
@@ -302,7 +303,12 @@ class WorkloadBuilder:
         """Kueue reserved quota for `workers` workers (its partial admission; default: the count),
         their GPUs from `flavor`."""
         count = workers or self._raw["spec"]["podSets"][0]["count"]
-        assigned = {"name": kueue.WORKERS, "count": count, "flavors": {GPU_RESOURCE: flavor}}
+        assigned = {
+            "name": kueue.WORKERS,
+            "count": count,
+            "flavors": {GPU_RESOURCE: flavor},
+            "resourceUsage": {GPU_RESOURCE: str(count * self._gpus_per_worker)},
+        }
         rendezvous = {"name": kueue.RENDEZVOUS, "count": 1, "flavors": {"cpu": flavor}}
         self._raw["status"]["admission"] = {
             "clusterQueue": cluster_queue,
@@ -310,6 +316,11 @@ class WorkloadBuilder:
         }
         self._condition("QuotaReserved", True, "QuotaReserved")
         return self._condition("Admitted", True, "Admitted")
+
+    def lowered(self, workers: int) -> Self:
+        """The workers pod set's count lowered in place (a graceful shrink of an admitted slice)."""
+        self._raw["spec"]["podSets"][0]["count"] = workers
+        return self
 
     def evicted(
         self, reason: str = "Preempted", message: str = "Preempted to accommodate a workload"
@@ -326,3 +337,38 @@ class WorkloadBuilder:
 
     def parsed(self) -> kueue.Workload:
         return kueue.parse_workload(self.obj())
+
+
+def make_cluster_queue(
+    name: str = "team", gpus: int = 8, policy: str = "LowerPriority"
+) -> kueue_room.ClusterQueue:
+    """A ClusterQueue of `gpus` GPUs as the operator parses it (Kueue's manifest, as the tiers with
+    Kueue create it: `ebbflow_devtools.kueue.cluster_queue`)."""
+    raw = {
+        "metadata": {"name": name},
+        "spec": {
+            "preemption": {"withinClusterQueue": policy},
+            "resourceGroups": [
+                {
+                    "coveredResources": [GPU_RESOURCE, "cpu"],
+                    "flavors": [
+                        {
+                            "name": "default",
+                            "resources": [
+                                {"name": GPU_RESOURCE, "nominalQuota": gpus},
+                                {"name": "cpu", "nominalQuota": 1000},
+                            ],
+                        }
+                    ],
+                }
+            ],
+        },
+    }
+    return kueue_room.parse_cluster_queue(raw, GPU_RESOURCE)
+
+
+def make_local_queue(
+    name: str = "team", cluster_queue: str = "team", namespace: str = "ns"
+) -> kueue_room.LocalQueue:
+    raw = {"metadata": {"name": name, "namespace": namespace}, "spec": {"clusterQueue": cluster_queue}}
+    return kueue_room.parse_local_queue(raw)

@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         kueue=args.kueue,
     )
     if args.kueue:
-        handlers.watch_workloads()
+        handlers.watch_kueue()
     metrics = Metrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_address)

@@ -63,21 +63,32 @@ def network_policy_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> N
 
 
 def workload_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    """Kueue's Workloads of the jobs; registered only with Kueue enabled (`watch_workloads`)."""
+    """Kueue's Workloads; registered only with Kueue enabled (`watch_kueue`), as are the next three."""
     _observe("workloads", event, memo)
 
 
 def flavor_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    """Kueue's ResourceFlavors; registered only with Kueue enabled (`watch_workloads`)."""
     _observe("resourceflavors", event, memo)
 
 
-def watch_workloads() -> None:
-    """Watch the Workloads the operator creates and Kueue's ResourceFlavors (the chart grants the
-    RBAC only with Kueue on)."""
-    labels = {contract.LABEL_JOB_NAME: kopf.PRESENT}
-    kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads", labels=labels)(workload_changed)
-    kopf.on.event("kueue.x-k8s.io", "v1beta2", "resourceflavors")(flavor_changed)
+def cluster_queue_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _observe("clusterqueues", event, memo)
+
+
+def local_queue_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _observe("localqueues", event, memo)
+
+
+def watch_kueue() -> None:
+    """Watch Kueue's Workloads (the jobs' slices and the others using their ClusterQueues' quota),
+    ResourceFlavors, ClusterQueues and LocalQueues (the chart grants the RBAC only with Kueue on)."""
+    for plural, handler in (
+        ("workloads", workload_changed),
+        ("resourceflavors", flavor_changed),
+        ("clusterqueues", cluster_queue_changed),
+        ("localqueues", local_queue_changed),
+    ):
+        kopf.on.event("kueue.x-k8s.io", "v1beta2", plural)(handler)
 
 
 @kopf.on.event("", "v1", "nodes")

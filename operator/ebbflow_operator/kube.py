@@ -136,12 +136,21 @@ class KubeIO:
         return self._list(paths, selector=contract.LABEL_JOB_NAME)
 
     def list_workloads(self) -> tuple[Iterator[Json], int]:
-        """Kueue Workloads the operator created (they carry the job label); only with Kueue enabled."""
-        return self._list(self._scoped("workloads", KUEUE_PREFIX), selector=contract.LABEL_JOB_NAME)
+        """Kueue's Workloads, the operator's slices and those sharing their ClusterQueues' quota;
+        only with Kueue enabled (as are the three lists below)."""
+        return self._list(self._scoped("workloads", KUEUE_PREFIX))
 
     def list_resource_flavors(self) -> tuple[Iterator[Json], int]:
         """Kueue's ResourceFlavors (cluster-scoped): the node labels and tolerations of admitted pods."""
         return self._list([f"{KUEUE_PREFIX}/resourceflavors"])
+
+    def list_cluster_queues(self) -> tuple[Iterator[Json], int]:
+        """Kueue's ClusterQueues (cluster-scoped): quotas and preemption policies."""
+        return self._list([f"{KUEUE_PREFIX}/clusterqueues"])
+
+    def list_local_queues(self) -> tuple[Iterator[Json], int]:
+        """Kueue's LocalQueues: the ClusterQueue each job's queue feeds."""
+        return self._list(self._scoped("localqueues", KUEUE_PREFIX))
 
     # --- writes -------------------------------------------------------------------------------------
 

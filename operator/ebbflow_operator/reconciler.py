@@ -22,14 +22,17 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, Protocol
 
 from ebbflow_api import contract
+from ebbflow_api.models import GPU_RESOURCE
 
 from .cache import Store
 from .decision.allocator import Policy, PriorityFairShare
-from .decision.decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
+from .decision.decide import KueueObjects, OperatorConfig, PassResult, PlanMemo, decide, this_pass
 from .decision.kueue import parse_flavor, parse_workload
+from .decision.kueue_room import parse_cluster_queue, parse_local_queue
 from .decision.model import Job, JobKey, Json, Node, Pod, parse_job, parse_node, parse_pod
 from .decision.plan import Plan
 from .decision.writes import AnnotatePod, ChildKind, CreateChild, DeletePod, PatchStatus, PatchWorkload, Write
@@ -71,6 +74,8 @@ class ClusterIO(Protocol):
     def list_network_policies(self) -> tuple[Iterable[Json], int]: ...
     def list_workloads(self) -> tuple[Iterable[Json], int]: ...
     def list_resource_flavors(self) -> tuple[Iterable[Json], int]: ...
+    def list_cluster_queues(self) -> tuple[Iterable[Json], int]: ...
+    def list_local_queues(self) -> tuple[Iterable[Json], int]: ...
     def create_pod(self, namespace: str, body: Json) -> Json | None: ...
     def create_service(self, namespace: str, body: Json) -> Json | None: ...
     def create_network_policy(self, namespace: str, body: Json) -> Json | None: ...
@@ -118,6 +123,8 @@ class Reconciler:
         if config.kueue:
             parsers["workloads"] = parse_workload
             parsers["resourceflavors"] = parse_flavor
+            parsers["clusterqueues"] = partial(parse_cluster_queue, gpu_resource=GPU_RESOURCE)
+            parsers["localqueues"] = parse_local_queue
         self.stores: dict[str, Store[Any]] = {
             kind: Store(parse, kind, metrics.cache_unparsable.labels(kind).inc)
             for kind, parse in parsers.items()
@@ -126,6 +133,16 @@ class Reconciler:
         self._memo: PlanMemo = {}  # the last pass's reusable plans (decide.PlanMemo)
         # When the last pass completed (monotonic); the start counts as one, for the liveness probe.
         self.last_pass_at = time.monotonic()
+
+    def _kueue_objects(self) -> KueueObjects | None:
+        if not self.config.kueue:
+            return None
+        return KueueObjects(
+            self.stores["workloads"].values(),
+            self.stores["resourceflavors"].values(),
+            self.stores["clusterqueues"].values(),
+            self.stores["localqueues"].values(),
+        )
 
     def stalled_for(self, now: float) -> float | None:
         """Seconds since the last completed pass when that exceeds the liveness limit (the loop is
@@ -153,6 +170,8 @@ class Reconciler:
         if self.config.kueue:
             lists["workloads"] = self.io.list_workloads
             lists["resourceflavors"] = self.io.list_resource_flavors
+            lists["clusterqueues"] = self.io.list_cluster_queues
+            lists["localqueues"] = self.io.list_local_queues
         for kind, call in lists.items():
             items, version = call()
             drift = self.stores[kind].replace(items, version)
@@ -243,9 +262,6 @@ class Reconciler:
         observed = time.monotonic()
         when = time.time() if now is None else now
         policy = self._policy(nodes, pods, jobs, when)
-        kueue = self.config.kueue
-        workloads = self.stores["workloads"].values() if kueue else []
-        flavors = self.stores["resourceflavors"].values() if kueue else []
         result = decide(
             nodes,
             pods,
@@ -256,8 +272,7 @@ class Reconciler:
             self.config,
             policy,
             self._memo,
-            workloads,
-            flavors,
+            self._kueue_objects(),
         )
         self._memo = result.memo
         decided = time.monotonic()

@@ -1,7 +1,8 @@
 """`ebbflow-operator --kueue true` under Kueue's real manager (the pinned v0.17.0, started beside the
-control plane): queued jobs wait for admission, run what Kueue admits, empty gracefully when Kueue
-preempts them and resume in what is left, give their quota back when they end, and grow back
-through a replacement slice.
+control plane): queued jobs wait for admission, run what Kueue admits, shrink gracefully to make
+room for a higher priority (or, where no shrink can, empty gracefully when Kueue preempts them and
+resume when admitted again), give their quota back when they end, and grow back through a
+replacement slice.
 
 Workers are KWOK pods (no process runs): what is checked is what the operator and Kueue make of
 each other's objects. A ClusterQueue of 8 GPUs per test, on 12 GPUs of fake nodes, so the quota and
@@ -202,32 +203,26 @@ class QuotaWatch:
         return self.most
 
 
-def test_kueue_preemption_empties_the_job_gracefully_it_resumes_in_what_is_left_and_grows_back(
+def test_a_higher_priority_job_gets_room_by_a_graceful_shrink_and_the_lower_one_grows_back(
     kube: Kube, namespace: str, gpu_nodes: GpuNodes, queue: str, operator: OperatorProcess
 ) -> None:
     create_job(kube, namespace, queued_job("a", 2, 8, gpu_nodes, queue))
     wait_for(lambda: settled_at(kube, namespace, "a", 8), SETTLE, "job a admitted and running 8 workers")
+    before = {p.metadata.uid for p in worker_pods(kube, namespace, "a")}
     watch = QuotaWatch(kube, namespace, ("a", "b"))
     started = time.monotonic()
     create_job(kube, namespace, queued_job("b", 4, 4, gpu_nodes, queue, priority=100))
+    wait_for(lambda: settled_at(kube, namespace, "a", 4), SETTLE, "job a shrunk in place to 4 workers")
     wait_for(lambda: settled_at(kube, namespace, "b", 4), SETTLE, "job b admitted and running 4 workers")
-    wait_for(lambda: settled_at(kube, namespace, "a", 4), SETTLE, "job a re-admitted to the 4 GPUs left")
+    print(f"room made and b admitted in {time.monotonic() - started:.1f} s")
+    kept = {p.metadata.uid for p in worker_pods(kube, namespace, "a")}
+    assert len(kept) == 4 and kept <= before, "job a's remaining workers are not 4 of those it ran"
     evicted = [
-        w
-        for w in workloads(kube, namespace, "a")
-        if (w.get("status") or {}).get("requeueState") is not None or _condition_true(w, "Requeued")
+        w["metadata"]["name"] for w in workloads(kube, namespace, "a") if _condition_true(w, "Evicted")
     ]
-    assert evicted, "job a's slice was never requeued after its eviction"
-    print(f"preempted and resumed in {time.monotonic() - started:.1f} s")
+    assert not evicted, f"Kueue evicted job a's slices {evicted}: the shrink came too late"
 
-    for pod in worker_pods(kube, namespace, "b"):  # b's training ends: its slice is finished
-        fail_pod(kube.core, namespace, pod.metadata.name, 0)
-    wait_for(lambda: status(kube, namespace, "b").get("phase") == "Succeeded", SETTLE, "job b succeeded")
-    wait_for(
-        lambda: all(_condition_true(w, "Finished") for w in workloads(kube, namespace, "b")),
-        SETTLE,
-        "job b's slice finished (its quota back to the queue)",
-    )
+    finish(kube, namespace, "b")
     wait_for(lambda: settled_at(kube, namespace, "a", 8), SETTLE, "job a grown back to 8 through a new slice")
     slices = workloads(kube, namespace, "a")
     replacing = [w for w in slices if kueue_replacement(w)]
@@ -236,6 +231,39 @@ def test_kueue_preemption_empties_the_job_gracefully_it_resumes_in_what_is_left_
     ]
     most = watch.close()
     assert most <= QUOTA, f"the queued jobs' workers held {most} GPUs of a quota of {QUOTA}"
+
+
+def test_a_preemption_no_shrink_can_avoid_empties_the_job_gracefully_until_it_is_admitted_again(
+    kube: Kube, namespace: str, gpu_nodes: GpuNodes, queue: str, operator: OperatorProcess
+) -> None:
+    create_job(kube, namespace, queued_job("a", 6, 8, gpu_nodes, queue))  # 6 + 4 > 8: no room by shrinking
+    wait_for(lambda: settled_at(kube, namespace, "a", 8), SETTLE, "job a admitted and running 8 workers")
+    watch = QuotaWatch(kube, namespace, ("a", "b"))
+    create_job(kube, namespace, queued_job("b", 4, 4, gpu_nodes, queue, priority=100))
+    wait_for(lambda: settled_at(kube, namespace, "b", 4), SETTLE, "job b admitted and running 4 workers")
+    wait_for(lambda: not worker_pods(kube, namespace, "a"), SETTLE, "job a emptied")
+    requeued = [
+        w
+        for w in workloads(kube, namespace, "a")
+        if (w.get("status") or {}).get("requeueState") is not None or _condition_true(w, "Requeued")
+    ]
+    assert requeued, "job a's slice was never requeued after its eviction"
+    finish(kube, namespace, "b")
+    wait_for(lambda: settled_at(kube, namespace, "a", 8), SETTLE, "job a admitted again for 8 workers")
+    most = watch.close()
+    assert most <= QUOTA, f"the queued jobs' workers held {most} GPUs of a quota of {QUOTA}"
+
+
+def finish(kube: Kube, namespace: str, job: str) -> None:
+    """The job's training ends (its workers exit 0): it succeeds and its slice is finished."""
+    for pod in worker_pods(kube, namespace, job):
+        fail_pod(kube.core, namespace, pod.metadata.name, 0)
+    wait_for(lambda: status(kube, namespace, job).get("phase") == "Succeeded", SETTLE, f"job {job} succeeded")
+    wait_for(
+        lambda: all(_condition_true(w, "Finished") for w in workloads(kube, namespace, job)),
+        SETTLE,
+        f"job {job}'s slice finished (its quota back to the queue)",
+    )
 
 
 def kueue_replacement(workload: dict[str, Any]) -> str | None:

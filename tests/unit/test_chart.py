@@ -539,12 +539,16 @@ def test_rbac_listed_namespaces_get_roles_and_cluster_reads_only(helm: str) -> N
 KUEUE: Rules = {
     ("kueue.x-k8s.io", "workloads"): {"list", "watch", "create", "patch"},
     ("kueue.x-k8s.io", "workloads/status"): {"patch"},
+    ("kueue.x-k8s.io", "localqueues"): {"list", "watch"},
 }
 
 
 def test_kueue_adds_rules_on_workloads_wherever_the_operator_manages_jobs(helm: str) -> None:
     docs = render(helm, {"operator": {"kueue": True}, "trainer": {"serviceAccount": {"create": False}}})
-    flavors = {("kueue.x-k8s.io", "resourceflavors"): {"list", "watch"}}
+    flavors = {
+        ("kueue.x-k8s.io", "resourceflavors"): {"list", "watch"},
+        ("kueue.x-k8s.io", "clusterqueues"): {"list", "watch"},
+    }
     assert rules_of(one(docs, "ClusterRole", RELEASE)) == {**CLUSTER_WIDE, **KUEUE, **flavors}
     assert "--kueue=true" in args_of(docs)
     listed = {

@@ -124,13 +124,18 @@ trainer.rbac.namespaces, or else the release namespace plus watchNamespaces.
     resources: ["elastictrainingjobs/status"]
     verbs: ["patch"]
 {{- if .Values.operator.kueue }}
-  # Kueue's Workloads of the queued jobs (--kueue): created, listed, watched, a slice's count lowered;
-  # the status written to finish a replaced slice or release an evicted one.
+  # Kueue's Workloads (--kueue): the queued jobs' slices created, a slice's count lowered, the status
+  # written to finish a replaced slice or release an evicted one; the others read for the quota
+  # they hold in the jobs' ClusterQueues.
   - apiGroups: ["kueue.x-k8s.io"]
     resources: ["workloads"]
     verbs: ["list", "watch", "create", "patch"]
   - apiGroups: ["kueue.x-k8s.io"]
     resources: ["workloads/status"]
     verbs: ["patch"]
+  # The LocalQueues: the ClusterQueue a new job's queue feeds (room made for it, kueue_room.py).
+  - apiGroups: ["kueue.x-k8s.io"]
+    resources: ["localqueues"]
+    verbs: ["list", "watch"]
 {{- end }}
 {{- end }}

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field, replace
 
 from ebbflow_api import contract
 
-from . import kueue
+from . import kueue, kueue_room
 from .allocator import Demand, Policy, most_used_first
 from .capacity import cluster_capacity, eligible_nodes, matches_selector
 from .kueue import Admission, Flavor, Workload
+from .kueue_room import ClusterQueue, LocalQueue
 from .model import Job, JobKey, Node, Pod, parse_toleration
 from .plan import TERMINAL_PHASES, Observed, Plan, PlannerConfig
 from .planner import hold_cap, plan_job
@@ -45,6 +46,23 @@ class OperatorConfig:
 
 
 @dataclass(frozen=True)
+class KueueObjects:
+    """Kueue's objects as the cache holds them: Workloads (the jobs' slices and the others that
+    share their ClusterQueues), ResourceFlavors, ClusterQueues and LocalQueues."""
+
+    workloads: Sequence[Workload] = ()
+    flavors: Sequence[Flavor] = ()
+    cluster_queues: Sequence[ClusterQueue] = ()
+    local_queues: Sequence[LocalQueue] = ()
+
+    def cluster_queues_by_name(self) -> dict[str, ClusterQueue]:
+        return {queue.name: queue for queue in self.cluster_queues}
+
+    def local_queues_by_key(self) -> dict[tuple[str, str], LocalQueue]:
+        return {(queue.namespace, queue.name): queue for queue in self.local_queues}
+
+
+@dataclass(frozen=True)
 class ObservedValues:
     """What `plan_job` reads of a job's observation that compares by value (the rest by identity)."""
 
@@ -54,6 +72,7 @@ class ObservedValues:
     free_gpus: int
     global_batch: int | None
     moves: tuple[str, ...]
+    admission: Admission | None  # also what other jobs of its ClusterQueue leave it (kueue_room.py)
 
 
 @dataclass(frozen=True)
@@ -105,24 +124,21 @@ def decide(
     config: OperatorConfig,
     policy: Policy,
     memo: PlanMemo | None = None,
-    workloads: Sequence[Workload] = (),
-    flavors: Sequence[Flavor] = (),
+    kueue_objects: KueueObjects | None = None,
 ) -> PassResult:
     """Observed state in, plans out: capacity, then allocation across jobs, then each job's plan
     (from `memo`, the previous pass's `PassResult.memo`, where its inputs are the same).
-    `workloads`, `flavors`: Kueue's Workloads in the jobs' namespaces and its ResourceFlavors (with
-    `config.kueue`)."""
+    `kueue_objects`: what the cache holds of Kueue's objects (with `config.kueue`)."""
     by_name = {node.name: node for node in nodes}
     selected = [node for node in nodes if matches_selector(node, config.node_selector)]
     job_pods: dict[JobKey, list[Pod]] = defaultdict(list)
     for pod in pods:
         if pod.job is not None:
             job_pods[(pod.namespace, pod.job)].append(pod)
-    slices = _slices_by_job(jobs, workloads) if config.kueue else {}
-    by_flavor = {flavor.name: flavor for flavor in flavors}
-    admissions = {
-        key: kueue.admission_of(job, slices[key], now, by_flavor) for key, job in _queued(jobs, slices)
-    }
+    queued = kueue_objects or KueueObjects()
+    slices = _slices_by_job(jobs, queued.workloads) if config.kueue else {}
+    room = _admissions(jobs, slices, queued, now)
+    admissions = room.admissions
     eligible = _eligible(selected, [_placed(job, admissions.get(job.key)) for job in jobs])
     demands: list[Demand] = []
     movable: list[Pod] = []
@@ -135,7 +151,10 @@ def decide(
         # job's to hand out, or the next pass sees a transient shortage and takes a lower-priority
         # job below its minimum (to 0) while its shrink is still in flight.
         movable += held
-        admitted = admissions[job.key].workers if job.key in admissions else None
+        # A lower-priority job making room for a new one keeps what it does not give up.
+        admitted = (
+            admissions[job.key].workers - room.yields.get(job.key, 0) if job.key in admissions else None
+        )
         demands.append(_demand(job, held, eligible[job.key], now, admitted))
     capacity = cluster_capacity(selected, pods, movable)
     allocation = policy.decide(demands, capacity.free)
@@ -200,6 +219,7 @@ def _plan_inputs(job: Job, observed: Observed, workloads: tuple[Workload, ...]) 
         observed.free_gpus,
         observed.global_batch,
         observed.moves,
+        observed.admission,
     )
     nodes = observed.nodes
     located = tuple(nodes.get(n) if n else None for n in named)
@@ -208,11 +228,14 @@ def _plan_inputs(job: Job, observed: Observed, workloads: tuple[Workload, ...]) 
 
 def _timeless(plan: Plan, observed: Observed) -> bool:
     """Whether the same inputs give this plan at any later time: it writes nothing, and nothing in
-    it waits on the clock (a pod not yet scheduled may time out; a hold in the status expires)."""
+    it waits on the clock (a pod not yet scheduled may time out; a hold in the status expires; a
+    new queued job stops waiting for room)."""
+    waiting_for_room = observed.admission is not None and observed.admission.first_workers == 0
     return (
         not plan.has_work
         and plan.job.status.hold_replicas is None
         and all(p.node is not None for p in observed.pods)
+        and not waiting_for_room  # its deadline may pass (kueue_room.ROOM_DEADLINE_S)
     )
 
 
@@ -267,8 +290,16 @@ def _slices_by_job(jobs: Sequence[Job], workloads: Sequence[Workload]) -> dict[J
     return {job.key: tuple(by_owner.get(job.uid, ())) for job in jobs if job.queue}
 
 
-def _queued(jobs: Sequence[Job], slices: Mapping[JobKey, tuple[Workload, ...]]) -> list[tuple[JobKey, Job]]:
-    return [(job.key, job) for job in jobs if job.key in slices]
+def _admissions(
+    jobs: Sequence[Job], slices: Mapping[JobKey, tuple[Workload, ...]], objects: KueueObjects, now: float
+) -> kueue_room.Room:
+    """What Kueue admits of each queued job (those with `slices`), and the room made for new ones."""
+    by_flavor = {flavor.name: flavor for flavor in objects.flavors}
+    admissions = {
+        job.key: kueue.admission_of(job, slices[job.key], now, by_flavor) for job in jobs if job.key in slices
+    }
+    by_name, by_key = objects.cluster_queues_by_name(), objects.local_queues_by_key()
+    return kueue_room.make_room(admissions, jobs, objects.workloads, by_name, by_key, now)
 
 
 def _placed(job: Job, admission: Admission | None) -> Job:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ebbflow_api import contract
+from ebbflow_api.models import GPU_RESOURCE
 
 from . import manifests
 from .model import Job, Json, Placement, format_time, parse_time
@@ -63,6 +64,7 @@ class Workload:
     workers: int  # spec.podSets[workers].count
     admitted_workers: int | None  # status.admission's count for workers; None without a reservation
     cluster_queue: str = ""
+    reserved_gpus: int = 0  # the GPUs its quota reservation holds at its current counts
     worker_flavors: tuple[str, ...] = ()  # the ResourceFlavors the admission assigned to the workers
     replacement_for: str | None = None
     conditions: Mapping[str, Condition] = field(default_factory=dict)
@@ -91,9 +93,10 @@ def parse_workload(raw: Mapping[str, Any]) -> Workload:
     owner = next((o for o in metadata.get("ownerReferences") or [] if o.get("controller")), None)
     counts = {ps["name"]: int(ps.get("count", 1)) for ps in spec.get("podSets") or []}
     admission = status.get("admission")
-    admitted, flavors = None, ()
+    admitted, flavors, reserved = None, (), 0
     if admission:
         assigned = {a["name"]: a for a in admission.get("podSetAssignments") or []}
+        reserved = sum(_held_gpus(a, counts.get(name)) for name, a in assigned.items())
         workers = assigned.get(WORKERS) or {}
         # An admission never changes; a slice's count lowered in place since (a graceful shrink) is
         # what stays admitted.
@@ -111,6 +114,7 @@ def parse_workload(raw: Mapping[str, Any]) -> Workload:
         workers=counts.get(WORKERS, 0),
         admitted_workers=admitted,
         cluster_queue=str((admission or {}).get("clusterQueue", "")),
+        reserved_gpus=reserved,
         worker_flavors=flavors,
         replacement_for=(metadata.get("annotations") or {}).get(REPLACEMENT_ANNOTATION),
         conditions={
@@ -125,6 +129,16 @@ def parse_workload(raw: Mapping[str, Any]) -> Workload:
         },
         raw_conditions=conditions,
     )
+
+
+def _held_gpus(assignment: Mapping[str, Any], count: int | None) -> int:
+    """A pod set's GPUs under its admission, at the pod set's current count (it may have been
+    lowered in place since: Kueue then counts the lower one)."""
+    used = int(str((assignment.get("resourceUsage") or {}).get(GPU_RESOURCE, 0)))
+    assigned = int(assignment.get("count") or 0)
+    if not assigned or count is None or count >= assigned:
+        return used
+    return used * count // assigned
 
 
 @dataclass(frozen=True)
@@ -157,6 +171,11 @@ class Admission:
     live: tuple[Workload, ...] = ()  # the slices Kueue has not finished, oldest first
     running: Workload | None = None  # the admitted one
     placement: Placement = field(default_factory=Placement)
+    # Set by kueue_room.make_room where the ClusterQueue is known: the first slice's count (0: not
+    # yet, lower-priority jobs are making room; None: spec.replicas.max), and the GPUs of quota
+    # free for the job to grow into (None: no limit known).
+    first_workers: int | None = None
+    quota_gpus: int | None = None
 
 
 def slice_name(job: str, index: int) -> str:
@@ -267,7 +286,8 @@ def next_write(
     if ended is not None:
         return _finish(live[0], now, ended, f"the job {ended.lower()}") if live else None
     if not live:
-        return slice_body(job, 1, job.spec.replicas.max, None)
+        first = job.spec.replicas.max if admission.first_workers is None else admission.first_workers
+        return slice_body(job, 1, first, None) if first else None
     if len(live) >= 2:
         return _settle_replacement(job, live[0], live[-1], room_workers, now)
     if live[0].evicted:

@@ -443,6 +443,9 @@ def workload_write(
     going = {d.name for d in delete}
     workers = children(job, observed.pods, contract.ROLE_WORKER)
     per_worker = job.gpus_per_worker
+    room = observed.free_gpus // per_worker if per_worker else job.spec.replicas.max
+    if per_worker and observed.admission.quota_gpus is not None:  # grow only into free quota
+        room = min(room, observed.admission.quota_gpus // per_worker)
     return kueue.next_write(
         job,
         observed.admission,
@@ -450,7 +453,7 @@ def workload_write(
         pods_left=any(p.owner_uid == job.uid and not p.finished for p in observed.pods)
         or bool(sizing.create),
         workers_leaving=any(p.deleting or p.name in going for p in workers),
-        room_workers=observed.free_gpus // per_worker if per_worker else job.spec.replicas.max,
+        room_workers=room,
         ended=None if final is None else str(final),
         now=now,
     )

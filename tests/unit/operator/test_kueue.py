@@ -18,7 +18,7 @@ from ebbflow_devtools.builders import (
 )
 from ebbflow_operator.decision import kueue
 from ebbflow_operator.decision.allocator import PriorityFairShare
-from ebbflow_operator.decision.decide import OperatorConfig, decide
+from ebbflow_operator.decision.decide import KueueObjects, OperatorConfig, decide
 from ebbflow_operator.decision.model import Job, Json, Placement
 from ebbflow_operator.decision.plan import Observed, PlannerConfig
 from ebbflow_operator.decision.planner import plan_job
@@ -317,8 +317,9 @@ def test_the_allocator_gives_a_queued_job_no_more_than_its_admission() -> None:
     unqueued = make_job(JobBuilder("c").replicas(1, 8))
     config = OperatorConfig(kueue=True)
     workloads = [slice_().admitted(3).parsed()]
+    objects = KueueObjects(workloads)
     result = decide(
-        list(NODES.values()), [], [JOB, unqueued], {}, {}, NOW, config, PriorityFairShare(), None, workloads
+        list(NODES.values()), [], [JOB, unqueued], {}, {}, NOW, config, PriorityFairShare(), None, objects
     )
     plans = {p.job.name: p for p in result.plans}
     assert len(plans["a"].create_workers) == 3
@@ -331,8 +332,7 @@ def test_the_allocator_places_a_queued_job_on_its_flavors_nodes_only() -> None:
     nodes = [*NODES.values(), make_node("spot-0", gpus=4, labels={"pool": "spot-gpus"})]
     workloads = [slice_().admitted(8, flavor="spot").parsed()]
     config = OperatorConfig(kueue=True)
-    result = decide(
-        nodes, [], [JOB], {}, {}, NOW, config, PriorityFairShare(), None, workloads, [SPOT_FLAVOR]
-    )
+    objects = KueueObjects(workloads, [SPOT_FLAVOR])
+    result = decide(nodes, [], [JOB], {}, {}, NOW, config, PriorityFairShare(), None, objects)
     # Only the flavor's node carries its label: four workers fit there, whatever the admission.
     assert len(result.plans[0].create_workers) == 4
