@@ -7,8 +7,9 @@ ClusterQueue of 8 GPUs) and without it (the same jobs unlabeled, on 8 GPUs of no
 1. submission -> running: a job of 8 one-GPU workers created -> all 8 Running (with Kueue: through
    its Workload's admission);
 2. preemption -> running: job B (priority 100, 4 workers) created beside job A (priority 0, up to 8
-   workers, running 8) -> B's 4 workers Running (with Kueue: A's slice evicted, A emptied, its quota
-   released, B admitted; without: Ebbflow's allocator shrinks A by priority).
+   workers, running 8) -> B's 4 workers Running (with Kueue: A shrinks gracefully to 4, its slice's
+   count lowered, B's slice created and admitted; without: Ebbflow's allocator shrinks A by
+   priority in the same pass that grows B).
 
     .venv/bin/python bench/kueue_admission.py [--repeats 5] [--output bench/results/kueue.json]
 

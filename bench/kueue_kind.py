@@ -7,10 +7,10 @@ checkpoint and journal on a shared volume. Job B: priority 100, one worker of 2 
 workers' journals (host clock, the same as the nodes'):
 
 1. A submitted -> A's first step;
-2. B submitted -> B's first step (with Kueue: A's slice evicted, A emptied, its quota released, B
-   admitted; without: Ebbflow's allocator takes one of A's workers by priority);
-3. B submitted -> A training again (with Kueue: A re-admitted for two workers, from its checkpoint;
-   without: the two workers left, from memory).
+2. B submitted -> B's first step (with Kueue: one of A's workers leaves gracefully to make room, A's
+   slice's count is lowered, B's slice created and admitted; without: Ebbflow's allocator takes one
+   of A's workers by priority);
+3. B submitted -> A training again on two workers, from memory either way.
 
     .venv/bin/python -m ebbflow_devtools.kind   # the e2e cluster, once
     .venv/bin/python bench/kueue_kind.py [--repeats 3] [--output bench/results/kueue-kind.json]
