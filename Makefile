@@ -9,6 +9,8 @@ PYTEST := $(PY) -m pytest
 TOOLS_BIN := $(CURDIR)/.tools/bin
 # `make tools` builds these (hack/build-tools.sh's names); empty: its default set.
 TOOLS ?=
+# What `make demo` needs of that set (not SeaweedFS, which only the trainer tier's tests use).
+DEMO_TOOLS := kubernetes etcd kwok helm kind prometheus kueue
 KUBECONFIG_LOCAL := $(CURDIR)/.cluster/kubeconfig
 export PATH := $(TOOLS_BIN):$(PATH)
 # Go's caches for the tools and images built here live in the project's cache, not the user's own,
@@ -50,7 +52,7 @@ $(INSTALL_STAMP): $(PYPROJECTS) hack/images/constraints.txt hack/images/wheelhou
 
 install: $(INSTALL_STAMP) ## Virtualenv in .venv with an editable install and all extras.
 
-tools: ## Build the pinned tools (default: control plane, kubectl, etcd, KWOK, Helm, kind, Prometheus, Kueue; or TOOLS="...") into .tools/bin (cached per machine).
+tools: ## Build the pinned tools (default: control plane, kubectl, etcd, KWOK, Helm, kind, Prometheus, Kueue, SeaweedFS; or TOOLS="...") into .tools/bin (cached per machine).
 	@bash hack/build-tools.sh $(TOOLS)
 
 cluster-up: install tools ## Start a local control plane with fake GPU nodes; kubeconfig in .cluster/kubeconfig.
@@ -58,7 +60,8 @@ cluster-up: install tools ## Start a local control plane with fake GPU nodes; ku
 	@$(TOOLS_BIN)/kubectl --kubeconfig $(KUBECONFIG_LOCAL) get nodes \
 		-o custom-columns='NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,GPUS:.status.capacity.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product,CAPACITY:.metadata.labels.karpenter\.sh/capacity-type'
 
-demo: install tools ## The main job (the README's first command): kind cluster, operator by helm, digits trained through a node lost and regained.
+demo: install ## The main job (the README's first command): kind cluster, operator by helm, digits trained through a node lost and regained.
+	@bash hack/build-tools.sh $(DEMO_TOOLS)
 	$(PY) -m ebbflow_devtools.demo
 
 cluster-down: ## Stop the local control plane; leaves no process behind.
@@ -82,7 +85,8 @@ endif
 test-unit: install ## Unit tier: pure logic and trainer maths, no API.
 	$(PYTEST) -m unit tests
 
-test-trainer: install ## Trainer tier: real trainer processes, gloo, torch elastic rendezvous.
+test-trainer: install ## Trainer tier: real trainer processes, gloo, torch elastic rendezvous (and SeaweedFS's S3 gateway).
+	@bash hack/build-tools.sh seaweedfs
 	$(PYTEST) -m trainer tests
 
 test-gpu: install ## GPU tier: the CUDA tests (one GPU; nccl on two) and the unit tests' CUDA parameters, via hack/gpu-check.sh.

@@ -43,6 +43,9 @@ PROMETHEUS_OPERATOR_VERSION=$(awk '$1 == "require" && $2 == "github.com/promethe
 # Kubeflow's training-operator for hack/kubeflow/ (the PyTorchJob baseline of the benchmark): not in the default set.
 TRAINING_OPERATOR_VERSION=$(awk '$1 == "require" && $2 == "github.com/kubeflow/training-operator" {print $3}' "$ROOT/hack/kubeflow/tools/go.mod")
 
+# SeaweedFS's S3 gateway (`weed`) for the object-store checkpoints' tests: not in the default set.
+SEAWEEDFS_VERSION=$(module_version "$ROOT/hack/tools/seaweedfs/go.mod" github.com/seaweedfs/seaweedfs)
+
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 mkdir -p "$TOOLS_BIN" "$TOOLS_CACHE"
 
@@ -295,6 +298,21 @@ build_kueue() {
   echo "  kueue $version"
 }
 
+# build_seaweedfs: `weed` from the SeaweedFS module's own directory and go.mod (its release build;
+# module verified by hack/tools/seaweedfs/go.sum), cached under its version.
+build_seaweedfs() {
+  local dir=$TOOLS_CACHE/weed-$SEAWEEDFS_VERSION src
+  if ! cached weed "$SEAWEEDFS_VERSION"; then
+    echo "building weed (SeaweedFS) $SEAWEEDFS_VERSION"
+    mkdir -p "$dir"
+    src=$(cd "$ROOT/hack/tools/seaweedfs" && go mod download -json "github.com/seaweedfs/seaweedfs@$SEAWEEDFS_VERSION" |
+      awk -F'"' '$2 == "Dir" {print $4}')
+    (cd "$src" && GOFLAGS="$GOFLAGS -mod=mod" go build -trimpath -ldflags "-s -w" -o "$dir/weed.tmp" ./weed)
+    mv -f "$dir/weed.tmp" "$dir/weed"
+  fi
+  install_from_cache weed "$SEAWEEDFS_VERSION"
+}
+
 # build TOOL: one tool (cached: a copy), its build time appended to $EBBFLOW_TIMINGS when it was built.
 build() {
   local tool=$1 started=$SECONDS
@@ -321,8 +339,10 @@ build() {
     training-operator) build_training_operator ;;
     # Kueue's manager and CRDs for the integration tier's Kueue tests (tests/integration/test_kueue.py).
     kueue) build_kueue ;;
+    # SeaweedFS's `weed` for the object-store checkpoints' tests (trainer tier).
+    seaweedfs) build_seaweedfs ;;
     training-operator-source) (cd "$ROOT/hack/kubeflow/tools" && go mod download -json github.com/kubeflow/training-operator | awk -F'"' '$2 == "Dir" {print $4}') ;;
-    *) echo "unknown tool '$tool' (known: kubernetes etcd kwok helm kind kueue; for kind nodes: kubernetes-node coredns flannel crictl cni-plugins local-path-provisioner; other: prometheus prometheus-operator kube-router training-operator training-operator-source)" >&2; return 2 ;;
+    *) echo "unknown tool '$tool' (known: kubernetes etcd kwok helm kind kueue seaweedfs; for kind nodes: kubernetes-node coredns flannel crictl cni-plugins local-path-provisioner; other: prometheus prometheus-operator kube-router training-operator training-operator-source)" >&2; return 2 ;;
   esac
   if ((SECONDS - started > 2)) && [[ -n ${EBBFLOW_TIMINGS:-} ]]; then
     echo "  make tools, $tool built: $((SECONDS - started)) s" >>"$EBBFLOW_TIMINGS"
@@ -342,11 +362,11 @@ build_in_order() {
 # but its links and long dependency chains are serial, so two lanes fill the cores where one leaves
 # gaps; a warm machine copies the tools in seconds either way. The second lane's output comes after
 # the first's, whole.
-if (($#)); then want=("$@"); else want=(kubernetes etcd kwok helm kind prometheus kueue); fi
+if (($#)); then want=("$@"); else want=(kubernetes etcd kwok helm kind prometheus kueue seaweedfs); fi
 first_lane=() second_lane=()
 for tool in "${want[@]}"; do
   case $tool in
-    kubernetes | kubernetes-node | helm | kwok | crictl | local-path-provisioner | kube-router) first_lane+=("$tool") ;;
+    kubernetes | kubernetes-node | helm | kwok | crictl | local-path-provisioner | kube-router | seaweedfs) first_lane+=("$tool") ;;
     *) second_lane+=("$tool") ;;
   esac
 done

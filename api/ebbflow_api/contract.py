@@ -93,6 +93,13 @@ ENV_MEMORY_BUDGET_FILE: Final = "EBBFLOW_MEMORY_BUDGET_FILE"
 ENV_WORLD_GENERATION: Final = "EBBFLOW_WORLD_GENERATION"
 ENV_CHECKPOINT_PATH: Final = "EBBFLOW_CHECKPOINT_PATH"
 ENV_CHECKPOINT_INTERVAL_STEPS: Final = "EBBFLOW_CHECKPOINT_INTERVAL_STEPS"
+# A checkpoint path `s3://bucket/prefix` (spec.checkpoint): the store's endpoint, how many complete
+# checkpoints it keeps, and its credentials as the standard AWS variables (AWS_ACCESS_KEY_ID,
+# AWS_SECRET_ACCESS_KEY, from the Secret spec.checkpoint.credentialsSecret names; AWS_REGION
+# optional, us-east-1 when unset).
+ENV_CHECKPOINT_ENDPOINT: Final = "EBBFLOW_CHECKPOINT_ENDPOINT"
+ENV_CHECKPOINT_RETAIN: Final = "EBBFLOW_CHECKPOINT_RETAIN"
+DEFAULT_CHECKPOINT_RETAIN: Final = 2
 ENV_METRICS_PORT: Final = "EBBFLOW_METRICS_PORT"
 # Seconds a worker has between SIGTERM and SIGKILL; the trainer finishes its step and hands its
 # state over within it. The operator sets the pod's terminationGracePeriodSeconds to the same value.

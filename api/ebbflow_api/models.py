@@ -17,10 +17,10 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, field_validator
 
 from . import contract
+from .base import ApiModel, DateTime, Int64, OpenModel
 from .rules import Rule, evaluate, violations
 
 # Upper bounds that catch typos (an extra zero) rather than limit real jobs.
@@ -38,49 +38,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # V when spec.virtualNodes is unset. The rules below use it, and so does the operator (through
 # `TrainingShape.resolved_virtual_nodes`), so "V defaults to max" is written only here.
 VIRTUAL_NODES_OR_MAX = "(has(self.virtualNodes) ? self.virtualNodes : self.replicas.max)"
-
-
-class SchemaFormat:
-    """Annotated marker: the OpenAPI `format` of a field (`date-time`, `int64`)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-DateTime = Annotated[str, SchemaFormat("date-time")]
-Int64 = Annotated[int, SchemaFormat("int64")]
-
-
-class ApiModel(BaseModel):
-    """A Kubernetes-style object part: camelCase on the wire, immutable once parsed.
-
-    `cel_rules` become the object's `x-kubernetes-validations`; `preserve_unknown` models keep
-    fields they do not declare (the pod template), others drop them (the API server prunes them).
-    """
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-        frozen=True,
-        extra="ignore",
-    )
-    cel_rules: ClassVar[tuple[Rule, ...]] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        """The object as the API writes it: camelCase keys, unset optional fields left out."""
-        return self.model_dump(mode="json", exclude_none=True)
-
-
-class OpenModel(ApiModel):
-    """An object that keeps what it does not declare (x-kubernetes-preserve-unknown-fields)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    def to_json(self) -> dict[str, Any]:
-        """Exactly what was given (fields left unset stay absent), extras included."""
-        return self.model_dump(mode="json", exclude_unset=True)
 
 
 # --- enumerations ------------------------------------------------------------------------------
@@ -210,13 +167,59 @@ class Replicas(ApiModel):
 
 
 class Checkpoint(ApiModel):
+    """Where durable checkpoints go: a shared volume, or an S3-compatible object store that the
+    trainer uploads to while training goes on (docs/trainer.md, "Checkpoints in object storage")."""
+
     path: str = Field(
         "/checkpoints",
         max_length=1024,
-        pattern="^(/|[a-z][a-z0-9+.-]*://).+",
-        description="Where durable checkpoints go: an absolute path on a shared volume or a URL.",
+        pattern="^(/|s3://).+",
+        description="An absolute path on a shared volume, or s3://<bucket>[/<prefix>] in an object store "
+        "(then endpoint and credentialsSecret are needed).",
     )
     interval_steps: int = Field(1000, ge=1, le=10_000_000, description="Steps between durable checkpoints.")
+    endpoint: str | None = Field(
+        None,
+        max_length=1024,
+        pattern="^https?://[^/?#]+/?$",
+        description="The object store's URL (s3:// paths only), e.g. https://s3.us-east-1.amazonaws.com.",
+    )
+    credentials_secret: str | None = Field(
+        None,
+        max_length=253,
+        pattern="^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="A Secret of the job's namespace holding the store's credentials as AWS_ACCESS_KEY_ID "
+        "and AWS_SECRET_ACCESS_KEY (AWS_REGION and AWS_SESSION_TOKEN optional); s3:// paths only. "
+        "Credentials never go in the spec.",
+    )
+    retain: int | None = Field(
+        None, ge=1, le=1000, description="Complete checkpoints kept in the object store (default 2)."
+    )
+    cel_rules = (
+        Rule(
+            "!self.path.startsWith('s3://') || "
+            "self.path.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$')",
+            "spec.checkpoint.path must be s3://<bucket>[/<prefix>] with a bucket name of 3-63 characters "
+            "(a-z, 0-9, '.', '-'): fix the bucket name",
+            field_path=".path",
+            reason="FieldValueInvalid",
+        ),
+        Rule(
+            "!self.path.startsWith('s3://') || (has(self.endpoint) && has(self.credentialsSecret))",
+            "spec.checkpoint.path s3://... needs spec.checkpoint.endpoint (the store's URL) and "
+            "spec.checkpoint.credentialsSecret (the Secret holding its credentials): set both",
+            field_path=".path",
+            reason="FieldValueRequired",
+        ),
+        Rule(
+            "self.path.startsWith('s3://') || (!has(self.endpoint) && !has(self.credentialsSecret) "
+            "&& !has(self.retain))",
+            "spec.checkpoint.endpoint, credentialsSecret and retain apply to an s3:// path only: remove "
+            "them or make spec.checkpoint.path s3://<bucket>[/<prefix>]",
+            field_path=".path",
+            reason="FieldValueInvalid",
+        ),
+    )
 
 
 class BandLimit(ApiModel):

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from .models import ApiModel, OpenModel, SchemaFormat
+from .base import ApiModel, OpenModel, SchemaFormat
 
 Schema = dict[str, Any]
 INT32_MAX = 2**31 - 1

@@ -211,6 +211,32 @@ BAD = [
         spec_set("checkpoint.path", "ckpt/run1"),
         ["spec.checkpoint.path", "should match"],
     ),
+    ("checkpoint-path-other-scheme", spec_set("checkpoint.path", "gs://bucket/x"), ["spec.checkpoint.path"]),
+    (
+        "checkpoint-s3-without-endpoint-and-secret",
+        spec_set("checkpoint", {"path": "s3://bucket/run1"}),
+        ["spec.checkpoint.path s3://... needs spec.checkpoint.endpoint", "credentialsSecret", "set both"],
+    ),
+    (
+        "checkpoint-s3-bucket-invalid",
+        spec_set(
+            "checkpoint",
+            {"path": "s3://Bad_Bucket/x", "endpoint": "http://s3:8333", "credentialsSecret": "k"},
+        ),
+        ["spec.checkpoint.path must be s3://<bucket>[/<prefix>]", "fix the bucket name"],
+    ),
+    (
+        "checkpoint-endpoint-on-a-volume-path",
+        spec_set("checkpoint", {"path": "/checkpoints", "endpoint": "http://s3:8333"}),
+        ["apply to an s3:// path only"],
+    ),
+    (
+        "checkpoint-secret-not-a-name",
+        spec_set(
+            "checkpoint", {"path": "s3://bucket/x", "endpoint": "http://s3:8333", "credentialsSecret": "A_b"}
+        ),
+        ["spec.checkpoint.credentialsSecret"],
+    ),
     (
         "max-restarts-negative",
         spec_set("maxRestarts", -1),

@@ -179,6 +179,9 @@ def _check_checkpoint_path(config: TrainerConfig) -> None:
 
     if not config.checkpoint_path:
         return
+    if config.checkpoint_path.startswith("s3://"):
+        _check_object_store(config)
+        return
     path = Path(config.checkpoint_path)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -190,6 +193,20 @@ def _check_checkpoint_path(config: TrainerConfig) -> None:
             f"({error.strerror or error}): mount a writable volume there (a ReadWriteMany "
             "PersistentVolumeClaim on a real cluster, an emptyDir to try it) or change spec.checkpoint.path."
         ) from None
+
+
+def _check_object_store(config: TrainerConfig) -> None:
+    """The bucket must exist and the credentials work before any node joins (a refusal at the first
+    checkpoint would lose the steps before it)."""
+    from ebbflow_trainer.config import ConfigError
+    from ebbflow_trainer.launch.object_checkpoints import ObjectStoreError, from_config
+
+    try:
+        checkpoints = from_config(config, os.environ)
+        if checkpoints is not None:
+            checkpoints.check()
+    except ObjectStoreError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _check_script(config: TrainerConfig) -> None:

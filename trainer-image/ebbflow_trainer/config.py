@@ -95,6 +95,8 @@ class TrainerConfig:
     base_batch_size: int | None = None
     checkpoint_path: str = ""
     checkpoint_interval_steps: int = 0
+    checkpoint_endpoint: str = ""  # with an s3:// checkpoint path (launch/object_checkpoints.py)
+    checkpoint_retain: int = contract.DEFAULT_CHECKPOINT_RETAIN
     metrics_port: int = contract.METRICS_PORT
     leave_grace_seconds: int = contract.DEFAULT_LEAVE_GRACE_SECONDS
     max_nonfinite_steps: int = DEFAULT_MAX_NONFINITE_STEPS
@@ -227,6 +229,8 @@ def from_environment(env: Mapping[str, str], *, gpus: int | None = None, **flags
         memory_budget_file=env.get(contract.ENV_MEMORY_BUDGET_FILE, ""),
         checkpoint_path=env.get(contract.ENV_CHECKPOINT_PATH, ""),
         checkpoint_interval_steps=_env_int(env, contract.ENV_CHECKPOINT_INTERVAL_STEPS, 0),
+        checkpoint_endpoint=env.get(contract.ENV_CHECKPOINT_ENDPOINT, ""),
+        checkpoint_retain=_env_int(env, contract.ENV_CHECKPOINT_RETAIN, contract.DEFAULT_CHECKPOINT_RETAIN),
         metrics_port=_env_int(env, contract.ENV_METRICS_PORT, contract.METRICS_PORT),
         leave_grace_seconds=_env_int(
             env, contract.ENV_LEAVE_GRACE_SECONDS, contract.DEFAULT_LEAVE_GRACE_SECONDS
@@ -274,6 +278,8 @@ def validate(config: TrainerConfig) -> None:
         raise ConfigError(
             f"{contract.ENV_CHECKPOINT_INTERVAL_STEPS} must be 0 (off) or a positive step count."
         )
+    if config.checkpoint_retain < 1:
+        raise ConfigError(f"{contract.ENV_CHECKPOINT_RETAIN} (spec.checkpoint.retain) must be 1 or more.")
     if config.steps is not None and config.steps < 1:
         raise ConfigError(f"--steps={config.steps} must be positive.")
     if config.base_batch_size is not None and config.base_batch_size < 1:

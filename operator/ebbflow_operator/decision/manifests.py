@@ -116,9 +116,27 @@ def _env(job: Job, world_generation: int, container: Json) -> list[Json]:
         values[contract.ENV_BAND_LIMIT] = "true"
         values[contract.ENV_MAX_COMPRESSION_RATE] = spec.band_limit.max_compression_rate
         values[contract.ENV_MEMORY_BUDGET_FILE] = f"{BUDGET_MOUNT}/{BUDGET_FILE}"
+    checkpoint = spec.checkpoint
+    if checkpoint.endpoint is not None:
+        values[contract.ENV_CHECKPOINT_ENDPOINT] = checkpoint.endpoint
+    if checkpoint.retain is not None:
+        values[contract.ENV_CHECKPOINT_RETAIN] = checkpoint.retain
     env: list[Json] = [{"name": name, "value": str(value)} for name, value in values.items()]
     env.append({"name": contract.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    if checkpoint.credentials_secret is not None:
+        env += _secret_env(checkpoint.credentials_secret)
     return env
+
+
+def _secret_env(secret: str) -> list[Json]:
+    """The object store's credentials from the Secret spec.checkpoint.credentialsSecret names, as the
+    standard AWS variables (the keys and secret key required, the rest optional)."""
+    keys = [("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False)]
+    keys += [("AWS_REGION", True), ("AWS_SESSION_TOKEN", True)]
+    return [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": optional}}}
+        for key, optional in keys
+    ]
 
 
 def trainer_service_account(accounts: Mapping[str, str], namespace: str) -> str:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 from ebbflow_api import contract, crd
-from ebbflow_api.models import ApiModel, Batching, LrScaling
+from ebbflow_api.base import ApiModel
+from ebbflow_api.models import Batching, LrScaling
 from ebbflow_api.schema import model_schema
 from pydantic import Field
 

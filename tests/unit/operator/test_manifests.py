@@ -373,7 +373,13 @@ def test_worker_pod_env_contract_and_user_variables() -> None:
             .set(
                 batching="dynamic",
                 lrScaling="sqrt",
-                checkpoint={"path": "s3://bucket/ckpt", "intervalSteps": 50},
+                checkpoint={
+                    "path": "s3://bucket/ckpt",
+                    "intervalSteps": 50,
+                    "endpoint": "http://seaweedfs.storage:8333",
+                    "credentialsSecret": "checkpoint-store",
+                    "retain": 3,
+                },
                 rendezvous={"port": 31000, "joinTimeoutSeconds": 30},
                 leaveGraceSeconds=9,
                 maxNonFiniteSteps=7,
@@ -389,6 +395,8 @@ def test_worker_pod_env_contract_and_user_variables() -> None:
                 contract.ENV_LR_SCALING: "sqrt",
                 contract.ENV_CHECKPOINT_PATH: "s3://bucket/ckpt",
                 contract.ENV_CHECKPOINT_INTERVAL_STEPS: "50",
+                contract.ENV_CHECKPOINT_ENDPOINT: "http://seaweedfs.storage:8333",
+                contract.ENV_CHECKPOINT_RETAIN: "3",
                 contract.ENV_LEAVE_GRACE_SECONDS: "9",
                 contract.ENV_MAX_NONFINITE_STEPS: "7",
             },
@@ -400,6 +408,27 @@ def test_worker_pod_env_values(builder: JobBuilder, expected: dict[str, str]) ->
     [trainer] = manifests.worker_pod(make_job(builder), 0, world_generation=6)["spec"]["containers"]
     env = env_of(trainer)
     assert {name: env.get(name) for name in expected} == expected
+
+
+def test_object_store_credentials_come_from_the_named_secret_and_never_from_the_spec() -> None:
+    checkpoint = {"path": "s3://b/p", "endpoint": "https://s3.example", "credentialsSecret": "store-keys"}
+    job = make_job(JobBuilder("j").set(checkpoint=checkpoint))
+    [trainer] = manifests.worker_pod(job, 0, world_generation=1)["spec"]["containers"]
+    from_secret = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for e in trainer["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert from_secret == {
+        "AWS_ACCESS_KEY_ID": {"name": "store-keys", "key": "AWS_ACCESS_KEY_ID", "optional": False},
+        "AWS_SECRET_ACCESS_KEY": {"name": "store-keys", "key": "AWS_SECRET_ACCESS_KEY", "optional": False},
+        "AWS_REGION": {"name": "store-keys", "key": "AWS_REGION", "optional": True},
+        "AWS_SESSION_TOKEN": {"name": "store-keys", "key": "AWS_SESSION_TOKEN", "optional": True},
+    }
+    on_volume = manifests.worker_pod(make_job(JobBuilder("j")), 0, world_generation=1)["spec"]["containers"][
+        0
+    ]
+    assert not [e for e in on_volume["env"] if e["name"].startswith("AWS_")]
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,7 @@ def test_a_valid_environment_resolves() -> None:
         ({contract.ENV_LR_SCALING: "cubic"}, contract.ENV_LR_SCALING, "adascale"),
         ({contract.ENV_MAX_NONFINITE_STEPS: "0"}, contract.ENV_MAX_NONFINITE_STEPS, "between 1 and"),
         ({contract.ENV_MAX_NONFINITE_STEPS: "a few"}, contract.ENV_MAX_NONFINITE_STEPS, "whole number"),
+        ({contract.ENV_CHECKPOINT_RETAIN: "0"}, contract.ENV_CHECKPOINT_RETAIN, "1 or more"),
     ],
 )
 def test_invalid_settings_are_named_with_a_fix(overrides: dict[str, str], named: str, advice: str) -> None:
@@ -144,3 +146,36 @@ def test_a_writable_checkpoint_path_is_created_and_left_clean(tmp_path: Path) ->
     )
     _check_checkpoint_path(config)
     assert list((tmp_path / "new" / "checkpoints").iterdir()) == []
+
+
+S3_PATH = {contract.ENV_CHECKPOINT_PATH: "s3://ckpt/jobs/a"}
+ENDPOINT = {contract.ENV_CHECKPOINT_ENDPOINT: "http://127.0.0.1:9"}
+KEYS = {"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK"}
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        pytest.param(S3_PATH | KEYS, "EBBFLOW_CHECKPOINT_ENDPOINT is not set", id="no-endpoint"),
+        pytest.param(S3_PATH | ENDPOINT, "spec.checkpoint.credentialsSecret names the Secret", id="no-keys"),
+        pytest.param(
+            {contract.ENV_CHECKPOINT_PATH: "s3://UP/x"} | ENDPOINT | KEYS, "is not a bucket name", id="bucket"
+        ),
+        pytest.param(
+            S3_PATH | {contract.ENV_CHECKPOINT_ENDPOINT: "ftp://store"} | KEYS,
+            "not an http(s) endpoint",
+            id="endpoint-scheme",
+        ),
+        pytest.param(S3_PATH | ENDPOINT | KEYS, "no answer from http://127.0.0.1:9", id="store-unreachable"),
+    ],
+)
+def test_an_object_store_the_job_cannot_use_fails_before_joining(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: dict[str, str], says: str
+) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    config = from_environment({**VALID_ENVIRONMENT, **settings}, spec="train.py", state_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        _check_checkpoint_path(config)

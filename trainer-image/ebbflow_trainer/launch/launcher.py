@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ebbflow_api import contract
 
@@ -29,8 +30,13 @@ from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.launch import warm_forkserver
 from ebbflow_trainer.termination import write_termination_message
 
+if TYPE_CHECKING:
+    from ebbflow_trainer.launch.object_checkpoints import Uploader
+
 # Seconds of the pod's grace period the launcher keeps for itself after its workers' shutdown.
 LAUNCHER_MARGIN_S = 5
+# How long a launcher whose training ended waits for its last checkpoint's upload.
+UPLOAD_DRAIN_S = 300.0
 # A rendezvous store lost for longer than --store-loss-timeout: a real failure (the operator replaces
 # the pod until maxRestarts), not a preemption.
 EXIT_STORE_LOST = 1
@@ -99,6 +105,8 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
     _prepare_process(config, preload_script=not torchrun)
     markers = Markers(Path(config.state_dir), config.nproc_per_node)
     markers.clear()
+    uploader = None if torchrun else _start_uploader(config)
+    drain_seconds = UPLOAD_DRAIN_S
     handler = GenerationRendezvousHandler(config)
     spec = WorkerSpec(
         role="trainer",
@@ -140,6 +148,7 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
         return contract.EXIT_SUCCESS
     except SignalException as signalled:
         handler.leave()
+        drain_seconds = LAUNCHER_MARGIN_S - 1  # what the pod's grace has left
         if signalled.sigval == signal.SIGTERM and agent.outlived_grace is not None:
             return _left_late(config, agent.outlived_grace, torchrun)
         if signalled.sigval == signal.SIGTERM and markers.graceful():
@@ -156,9 +165,37 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
     finally:
         # Before the interpreter exits: see GenerationRendezvousHandler.stop_heartbeats.
         handler.close()
+        if uploader is not None:
+            _finish_uploads(uploader, drain_seconds)
     # None: torch's agent swallowed a graceful exit from a closed rendezvous (a node that waited as a
     # spare in a full world): the job is done.
     return contract.EXIT_SUCCESS if result is None or result.state == WorkerState.SUCCEEDED else 1
+
+
+def _start_uploader(config: TrainerConfig) -> Uploader | None:
+    """The thread that uploads rank 0's snapshots when checkpoints go to an object store."""
+    from ebbflow_trainer.launch.journal import Journal
+    from ebbflow_trainer.launch.object_checkpoints import Uploader, from_config
+
+    checkpoints = from_config(config, os.environ)
+    if checkpoints is None:
+        return None
+    uploader = Uploader(
+        checkpoints, Path(config.state_dir), config.checkpoint_retain, Journal(config.journal)
+    )
+    uploader.start()
+    return uploader
+
+
+def _finish_uploads(uploader: Uploader, seconds: float) -> None:
+    """The last snapshot committed before the launcher exits, if it can be within `seconds`."""
+    if not uploader.drain(seconds):
+        log.error(
+            "the last checkpoint was not uploaded within %.0f s; the job resumes from the one before it "
+            "(raise spec.leaveGraceSeconds to give the upload more time)",
+            seconds,
+        )
+    uploader.stop()
 
 
 def _left_late(config: TrainerConfig, grace: int, torchrun: bool) -> int:

@@ -37,7 +37,7 @@ from ebbflow_trainer import global_batch, metrics
 from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.batching import DynamicBatchingController
 from ebbflow_trainer.config import TrainerConfig
-from ebbflow_trainer.launch import state
+from ebbflow_trainer.launch import object_checkpoints, state
 from ebbflow_trainer.launch.journal import Journal
 from ebbflow_trainer.launch.rendezvous import connect, generation_store
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
@@ -162,9 +162,10 @@ class Worker:
         self.total_steps = config.steps or self.spec.steps
         self.state_dir = state.local_dir(Path(config.state_dir), world.local_rank)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.checkpoint = (
-            Path(config.checkpoint_path) / state.CHECKPOINT_FILE if config.checkpoint_path else None
-        )
+        # Durable checkpoints: files on a shared volume, or objects the launcher uploads (s3://).
+        self.object_store = object_checkpoints.from_config(config, os.environ)
+        on_volume = config.checkpoint_path and self.object_store is None
+        self.checkpoint = Path(config.checkpoint_path) / state.CHECKPOINT_FILE if on_volume else None
         self.step = 0
         self.last_step_wall_time = time.time()
         self.last_pause: float | None = None  # of this process's last membership change
@@ -197,8 +198,8 @@ class Worker:
         local = state.read(self.state_dir / state.HANDOFF_FILE)
         source = "memory"
         steps, best, holder = self._highest(local)
-        if best == 0 and self.checkpoint is not None:
-            local, source = state.read_checkpoint(self.checkpoint), "checkpoint"
+        if best == 0 and (self.checkpoint is not None or self.object_store is not None):
+            local, source = self._read_durable(), "checkpoint"
             steps, best, holder = self._highest(local)
         mine = int(steps[self.world.rank])
         resumed = local if local is not None and mine == best else None
@@ -238,6 +239,15 @@ class Worker:
             source,
             f", {lost} step(s) lost" if self.world.rank == 0 else "",
         )
+
+    def _read_durable(self) -> dict[str, Any] | None:
+        """The newest durable checkpoint: every worker reads the shared volume; from an object store
+        rank 0 downloads it and the others receive it from rank 0 (agree_on_state's broadcast)."""
+        if self.checkpoint is not None:
+            return state.read_checkpoint(self.checkpoint)
+        if self.object_store is not None and self.world.rank == 0:
+            return self.object_store.newest()
+        return None
 
     @property
     def _last_step_key(self) -> str:
@@ -318,7 +328,8 @@ class Worker:
                     )
                     counts = proposal
         if world.rank == 0:
-            self.write_checkpoint()
+            if not (interval and self.step % interval == 0):  # else written at this step already
+                self.write_checkpoint()
             self._report_last_step(force=True)
             log.info(contract.FINISHED_LOG, self.step, state.model_digest(self.spec.model))
         self.journal.write("done", step=self.step, generation=world.generation)
@@ -486,10 +497,15 @@ class Worker:
         state.write_atomic(state.to_bytes(snapshot), self.state_dir / state.HANDOFF_FILE)
 
     def write_checkpoint(self) -> None:
-        if self.checkpoint is None:
+        """Rank 0's durable checkpoint: written to the shared volume, or left in the node's outbox
+        for the launcher to upload while training goes on (object_checkpoints.Uploader)."""
+        if self.checkpoint is None and self.object_store is None:
             return
-        snapshot = state.capture(self.engine, self.step, self.last_step_wall_time)
-        state.write_checkpoint(state.to_bytes(snapshot), self.checkpoint)
+        data = state.to_bytes(state.capture(self.engine, self.step, self.last_step_wall_time))
+        if self.checkpoint is not None:
+            state.write_checkpoint(data, self.checkpoint)
+        else:
+            object_checkpoints.leave_snapshot(Path(self.config.state_dir), data, self.step)
         self.journal.write("checkpoint", step=self.step)
 
 
