@@ -8,6 +8,7 @@ train through and to be interrupted."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,6 +84,10 @@ def test_uploads_run_while_training_and_a_whole_job_restart_resumes_from_the_sto
         assert job.wait_all([node], 300) == [0], job.logs()
     first_world = node.events("generation")[0]
     assert (first_world["step"], first_world["source"]) == (2 * INTERVAL, "checkpoint"), first_world
+    # Outside a cluster the progress report goes to the node's state directory, not to a local
+    # folder named after the URI.
+    assert json.loads((node.state_dir / "progress.json").read_text())["step"] == 200
+    assert not Path("s3:").exists() and not (HERE.parents[1] / "s3:").exists()
     store_now = checkpoints(store, "restart")
     committed = store_now.committed_steps()
     assert committed[0] == 200 and len(committed) == 2, committed  # retain 2: the older ones deleted

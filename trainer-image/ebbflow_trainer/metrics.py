@@ -2,7 +2,8 @@
 
 Progress goes where the operator reads it: JSON with ``contract.PROGRESS_FIELDS`` in the pod's
 ``contract.ANNOTATION_PROGRESS`` annotation (a merge-patch through the Kubernetes API with the pod's
-service-account token), or, outside a cluster, ``progress.json`` under the checkpoint path.
+service-account token), or, outside a cluster, ``progress.json`` under the checkpoint path (the
+node's state directory when checkpoints go to an object store).
 """
 
 from __future__ import annotations
@@ -159,8 +160,8 @@ class ProgressReporter:
         try:
             if self._in_cluster():
                 self._patch_pod(report)
-            elif self.config.checkpoint_path:
-                path = Path(self.config.checkpoint_path) / "progress.json"
+            elif (directory := self._local_directory()) is not None:
+                path = directory / "progress.json"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 temporary = path.with_name(".progress.json.tmp")
                 temporary.write_text(json.dumps(report))
@@ -168,6 +169,14 @@ class ProgressReporter:
         except Exception as error:  # best effort by design: log, count and keep training
             self.failures += 1
             log.warning("progress report failed: %s", error)
+
+    def _local_directory(self) -> Path | None:
+        """Outside a cluster: the checkpoint directory, or the node's state directory when the
+        checkpoints go to an object store."""
+        checkpoints = self.config.checkpoint_path
+        if checkpoints and not checkpoints.startswith("s3://"):
+            return Path(checkpoints)
+        return Path(self.config.state_dir) if checkpoints and self.config.state_dir else None
 
     def _in_cluster(self) -> bool:
         token = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
