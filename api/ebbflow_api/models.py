@@ -197,7 +197,7 @@ class Checkpoint(ApiModel):
     )
     cel_rules = (
         Rule(
-            "!self.path.startsWith('s3://') || "
+            "!has(self.path) || !self.path.startsWith('s3://') || "
             "self.path.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$')",
             "spec.checkpoint.path must be s3://<bucket>[/<prefix>] with a bucket name of 3-63 characters "
             "(a-z, 0-9, '.', '-'): fix the bucket name",
@@ -205,15 +205,16 @@ class Checkpoint(ApiModel):
             reason="FieldValueInvalid",
         ),
         Rule(
-            "!self.path.startsWith('s3://') || (has(self.endpoint) && has(self.credentialsSecret))",
+            "!has(self.path) || !self.path.startsWith('s3://') || "
+            "(has(self.endpoint) && has(self.credentialsSecret))",
             "spec.checkpoint.path s3://... needs spec.checkpoint.endpoint (the store's URL) and "
             "spec.checkpoint.credentialsSecret (the Secret holding its credentials): set both",
             field_path=".path",
             reason="FieldValueRequired",
         ),
         Rule(
-            "self.path.startsWith('s3://') || (!has(self.endpoint) && !has(self.credentialsSecret) "
-            "&& !has(self.retain))",
+            "(has(self.path) && self.path.startsWith('s3://')) || (!has(self.endpoint) "
+            "&& !has(self.credentialsSecret) && !has(self.retain))",
             "spec.checkpoint.endpoint, credentialsSecret and retain apply to an s3:// path only: remove "
             "them or make spec.checkpoint.path s3://<bucket>[/<prefix>]",
             field_path=".path",

@@ -8,6 +8,7 @@ import pytest
 from ebbflow_api import contract, crd
 from ebbflow_api.base import ApiModel
 from ebbflow_api.models import Batching, LrScaling
+from ebbflow_api.rules import evaluate
 from ebbflow_api.schema import model_schema
 from pydantic import Field
 
@@ -68,3 +69,33 @@ def test_every_bound_reaches_the_schema(field: str, bounds: dict[str, object]) -
     schema = model_schema(Bounded)["properties"][field]
     keys = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
     assert {key: value for key, value in schema.items() if key in keys} == bounds
+
+
+def _defaulted_objects(schema: dict[str, object], where: str = "") -> list[tuple[str, object, list[str]]]:
+    """Every schema node with both a default and CEL rules: (path, default, rules)."""
+    found: list[tuple[str, object, list[str]]] = []
+    rules = [r["rule"] for r in schema.get("x-kubernetes-validations", [])]  # type: ignore[attr-defined]
+    if "default" in schema and rules:
+        found.append((where, schema["default"], rules))
+    for name, child in (schema.get("properties") or {}).items():  # type: ignore[attr-defined]
+        found += _defaulted_objects(child, f"{where}.{name}")
+    return found
+
+
+def test_every_rule_holds_on_its_objects_default() -> None:
+    """The API server evaluates an object's rules on its schema default when the CRD is applied (a
+    rule that reads a field the default lacks makes the CRD invalid: `no such key`)."""
+    [version] = crd.crd_manifest()["spec"]["versions"]
+    defaulted = _defaulted_objects(version["schema"]["openAPIV3Schema"])
+    assert defaulted, "no defaulted object with rules: the walk found nothing to check"
+    for where, default, rules in defaulted:
+        for rule in rules:
+            assert rules_evaluate(rule, default) is True, f"{where}: {rule!r} on the default {default!r}"
+
+
+def rules_evaluate(rule: str, value: object) -> object:
+    """The rule's value, or the evaluation's error as text (celpy raises some, returns others)."""
+    try:
+        return evaluate(rule, value)  # type: ignore[arg-type]
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
