@@ -5,7 +5,8 @@ built on this machine (hack/kind), with the fake GPU device plugin advertising t
 Session setup (minutes cold, about five warm): the cluster (`hack/kind/up.sh`) with kube-router's
 firewall beside flannel so that NetworkPolicy is enforced (`hack/kube-router`), the images
 (`hack/images/build-images.sh`; the trainer's CPU variant is loaded into the workers), the device
-plugin, Kueue (`hack/kueue`) and the operator's chart with its Kueue integration on. When any of it
+plugin, Kueue (`hack/kueue`), SeaweedFS as the object store (`hack/seaweedfs`) and the operator's
+chart with its Kueue integration on. When any of it
 fails, tests skip on a developer machine but fail under CI=true.
 In CI the set-up ran before the tier (hack/ci-prepare-e2e.sh) and is not checked again.
 """
@@ -30,7 +31,7 @@ from ebbflow_devtools.kind import (
     install_chart,
     poll,
     record_timing,
-    set_up,
+    set_up_e2e,
 )
 
 from . import release
@@ -83,7 +84,7 @@ def kind() -> Kind:
         cluster.kubectl("get", "nodes")  # still the cluster it set up: reachable, or the tier fails here
         return cluster
     try:
-        set_up(cluster, say=record_timing, network_policy=True, kueue=True)
+        set_up_e2e(cluster, record_timing)
     except (KindError, TimeoutError) as error:
         if os.environ.get("CI") == "true":
             pytest.fail(f"e2e tier cannot run in CI: {error}", pytrace=False)

@@ -181,3 +181,6 @@ BATCH_PATTERN: Final = (
 )
 RATE_LOG: Final = "from step %s the compression rate is %s (was %s)"
 RATE_PATTERN: Final = r"from step (\d+) the compression rate is ([\d.]+) \(was ([\d.]+)\)"
+# Rank 0's launcher, when a checkpoint in an object store is complete (its manifest written).
+COMMITTED_LOG: Final = "checkpoint of step %d committed to %s in %.2f s"
+COMMITTED_PATTERN: Final = r"checkpoint of step (\d+) committed to (s3://\S+) in ([\d.]+) s"

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import yaml
 from ebbflow_api.contract import API_GROUP
 
-from ebbflow_devtools import kueue_cluster
+from ebbflow_devtools import kueue_cluster, object_store
 from ebbflow_devtools.api_reads import ApiReader
 from ebbflow_devtools.errors import KindError as KindError  # re-exported: callers import it from here
 from ebbflow_devtools.waiting import NotYet, wait_for
@@ -164,6 +164,22 @@ class Kind:
         poll(evicted, timeout, f"the pods on {node} to leave")
         self.kubectl("delete", "node", node, "--wait=true", timeout=timeout)
 
+    def kill_containers(self, pods: list[dict[str, Any]]) -> None:
+        """What a crash of every one of `pods` looks like: each container's first process SIGKILLed
+        on its node (with it every process of the container), all pods at once; no signal the
+        trainer could handle, no leave, no handoff."""
+        template = "'{{.info.pid}}'"
+
+        def kill(pod: dict[str, Any]) -> str:
+            labels = f"--label io.kubernetes.pod.name={pod['metadata']['name']}"
+            labels += f" --label io.kubernetes.pod.namespace={pod['metadata']['namespace']}"
+            script = f"for c in $(crictl ps -q {labels}); do"
+            script += f" kill -KILL $(crictl inspect -o go-template --template {template} $c); done"
+            return run("docker", "exec", pod["spec"]["nodeName"], "sh", "-c", script, timeout=60)
+
+        with ThreadPoolExecutor(max_workers=max(len(pods), 1)) as killers:
+            list(killers.map(kill, pods))
+
     def bring_node_back(self, node: str, timeout: float = 300, gpus: int = GPUS_PER_WORKER_NODE) -> None:
         """A node joins again: the same container's kubelet registers a new Node, with fresh pod
         networking (a new node may get another pod CIDR, so the old bridge and addresses go) and
@@ -259,7 +275,11 @@ def record_timing(line: str) -> None:
 
 
 def set_up(
-    kind: Kind, say: Callable[[str], None] = lambda _: None, network_policy: bool = False, kueue: bool = False
+    kind: Kind,
+    say: Callable[[str], None] = lambda _: None,
+    network_policy: bool = False,
+    kueue: bool = False,
+    store: bool = False,
 ) -> None:
     """Images, cluster, device plugin, the demo's and e2e's namespaces, the operator by `helm
     install` (CHART_VALUES) and Prometheus; each step is cached or idempotent: a second call on a
@@ -273,6 +293,9 @@ def set_up(
     build the first time), the chart with E2E_CHART_VALUES; without it, the chart with CHART_VALUES.
     Kueue may not serve yet when this returns (`kueue_ready` waits for it).
 
+    `store`: SeaweedFS as the cluster's object store (`apply_object_store`), which may not serve yet
+    when this returns (`make_bucket` waits for it).
+
     Every image is built before the cluster starts, so the trainer build's transient space and the
     kind nodes' copies of it are never needed at once; loading into a node frees build-only caches
     when the disk is short (hack/kind/load-image.sh, hack/free-build-caches.sh)."""
@@ -283,18 +306,9 @@ def set_up(
         say(f"  {step}: {time.monotonic() - started:.0f} s")
         started = time.monotonic()
 
-    run("bash", "hack/images/build-images.sh")
-    if network_policy:
-        run("bash", "hack/kube-router/build-image.sh")
-    plugin = run("bash", "hack/fake-gpu-plugin/build-image.sh").strip().splitlines()[-1]
-    run("bash", "hack/build-tools.sh", "prometheus")
-    prometheus = run("bash", "hack/prometheus/build-image.sh").strip().splitlines()[-1]
-    monitoring = Monitoring(prometheus, *run("bash", "hack/prometheus-operator/build-image.sh").split()[-3:])
-    if kueue:
-        kueue_image, kueue_config = run("bash", "hack/kueue/build-image.sh").split()[-2:]
-    done(
-        f"images (operator, trainer, device plugin, Prometheus and its operator{', Kueue' if kueue else ''})"
-    )
+    images = _build_images(network_policy, kueue, store)
+    extras = "".join(f", {name}" for name, wanted in (("Kueue", kueue), ("SeaweedFS", store)) if wanted)
+    done(f"images (operator, trainer, device plugin, Prometheus and its operator{extras})")
     run("bash", "hack/kind/up.sh")
     for namespace in (DEMO_NAMESPACE, E2E_NAMESPACE):
         kind.ensure_namespace(namespace)
@@ -306,17 +320,21 @@ def set_up(
     # it, which do not need it: only the tests' and the demo's jobs do.
     with ThreadPoolExecutor(max_workers=1) as loader:
         trainer_loaded = loader.submit(_timed_load, TRAINER_IMAGE, WORKERS)
-        load_image(plugin)
+        load_image(images.plugin)
         manifest = (REPO / "hack" / "fake-gpu-plugin" / "deploy.yaml").read_text()
-        kind.kubectl("apply", "-f", "-", input=manifest.replace("ebbflow/fake-gpu-plugin:latest", plugin))
+        manifest = manifest.replace("ebbflow/fake-gpu-plugin:latest", images.plugin)
+        kind.kubectl("apply", "-f", "-", input=manifest)
         done("fake GPU device plugin")
         # The chart's monitors need only the Prometheus Operator's CRDs: Prometheus starts beside it.
-        apply_monitoring(kind, monitoring)
+        apply_monitoring(kind, images.monitoring)
         done("Prometheus Operator's CRDs and workloads applied (hack/prometheus-operator)")
-        if kueue:
+        if images.kueue is not None:
             # The operator watches Kueue's Workloads and ResourceFlavors: their CRDs come first.
-            apply_kueue(kind, kueue_image, Path(kueue_config))
+            apply_kueue(kind, *images.kueue)
             done("Kueue's CRDs and manager applied (hack/kueue)")
+        if images.store is not None:
+            apply_object_store(kind, images.store)
+            done("SeaweedFS, the object store, applied (hack/seaweedfs)")
         install_chart(kind, E2E_CHART_VALUES if kueue else CHART_VALUES)
         done("operator (helm upgrade --install charts/ebbflow, with its ServiceMonitor and PodMonitor)")
         monitoring_rolled_out(kind)
@@ -329,6 +347,33 @@ def set_up(
     poll(kind.gpus_advertised, 180, "the device plugin's nvidia.com/gpu on every worker")
     poll(lambda: kind.query('up{job="ebbflow-metrics"} == 1'), 180, "Prometheus scraping the operator")
     done("operator scraped; nvidia.com/gpu advertised")
+
+
+@dataclass(frozen=True)
+class Images:
+    """What `set_up` loads into the cluster, built (or found cached) before the cluster starts."""
+
+    plugin: str
+    monitoring: Monitoring
+    kueue: tuple[str, Path] | None  # the manager's image and the module's config/ tree
+    store: str | None  # SeaweedFS's image
+
+
+def _build_images(network_policy: bool, kueue: bool, store: bool) -> Images:
+    """The operator's and trainer's images, and those of the cluster's add-ons `set_up` was asked for."""
+    run("bash", "hack/images/build-images.sh")
+    if network_policy:
+        run("bash", "hack/kube-router/build-image.sh")
+    plugin = run("bash", "hack/fake-gpu-plugin/build-image.sh").strip().splitlines()[-1]
+    run("bash", "hack/build-tools.sh", "prometheus")
+    prometheus = run("bash", "hack/prometheus/build-image.sh").strip().splitlines()[-1]
+    monitoring = Monitoring(prometheus, *run("bash", "hack/prometheus-operator/build-image.sh").split()[-3:])
+    kueue_image = None
+    if kueue:
+        image, config = run("bash", "hack/kueue/build-image.sh").split()[-2:]
+        kueue_image = (image, Path(config))
+    store_image = run("bash", "hack/seaweedfs/build-image.sh").split()[-1] if store else None
+    return Images(plugin, monitoring, kueue_image, store_image)
 
 
 def _timed_load(image: str, nodes: tuple[str, ...]) -> tuple[list[str], float]:
@@ -379,6 +424,29 @@ def apply_kueue(kind: Kind, image: str, config: Path) -> None:
         "apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(manifests)
     )
     kind.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=120s", timeout=150)
+
+
+def apply_object_store(kind: Kind, image: str) -> None:
+    """SeaweedFS on the control-plane node (`object_store.manifests`); `make_bucket` waits for it."""
+    load_image(image, (CONTROL_PLANE,))
+    kind.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(object_store.manifests(image)))
+
+
+def make_bucket(kind: Kind, bucket: str, timeout: float = 180) -> None:
+    """`bucket` in the cluster's object store, once the store has rolled out and serves (weed shell
+    waits up to 30 s for the store's master, and fails after)."""
+    rollout(kind, object_store.NAMESPACE, object_store.SERVICE)
+    command, script = object_store.bucket_command(bucket)
+    exec_in = ("-n", object_store.NAMESPACE, "exec", "-i", f"deployment/{object_store.SERVICE}", "--")
+
+    def made() -> bool | NotYet:
+        try:
+            output = kind.kubectl(*exec_in, *command, input=script, timeout=60)
+        except KindError as error:
+            output = str(error)
+        return object_store.created(bucket, output) or NotYet(output[-300:])
+
+    poll(made, timeout, f"bucket {bucket} in the cluster's object store")
 
 
 def kueue_ready(kind: Kind) -> None:
@@ -468,15 +536,19 @@ def _adopt_crd(kind: Kind) -> None:
         )
 
 
+def set_up_e2e(kind: Kind, say: Callable[[str], None]) -> None:
+    """The e2e tier's cluster: NetworkPolicy enforced, Kueue beside the chart, an object store."""
+    set_up(kind, say=say, network_policy=True, kueue=True, store=True)
+
+
 def main() -> None:
-    """Sets the e2e tier's cluster up (NetworkPolicy enforced, Kueue beside the chart), saying each
-    step as it ends."""
+    """Sets the e2e tier's cluster up (`set_up_e2e`), saying each step as it ends."""
 
     def say(line: str) -> None:
         print(line, flush=True)
         record_timing(line)
 
-    set_up(Kind(), say=say, network_policy=True, kueue=True)
+    set_up_e2e(Kind(), say)
 
 
 if __name__ == "__main__":

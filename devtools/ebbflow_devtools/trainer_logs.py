@@ -3,7 +3,8 @@
 Every worker of a new world logs where it resumed (`contract.RESUMES_LOG`); rank 0 adds the steps
 the world lost and, after its first step, the pause since the previous world's last step
 (`RESUMED_LOG`), and at the end a digest of the model (`FINISHED_LOG`); every worker says when it
-switches global batch or compression rate (`BATCH_LOG`, `RATE_LOG`). The demo and the e2e tier use
+switches global batch or compression rate (`BATCH_LOG`, `RATE_LOG`); rank 0's launcher says when a
+checkpoint in an object store is complete (`COMMITTED_LOG`). The demo and the e2e tier use
 these lines to report rescales as the trainers saw them, not as pod phases suggest. Pure: text in,
 records out, with the patterns declared beside the formats in `ebbflow_api.contract`.
 """
@@ -21,6 +22,7 @@ _RESUMED = re.compile(contract.RESUMED_PATTERN)
 _FINISHED = re.compile(contract.FINISHED_PATTERN)
 _BATCH = re.compile(contract.BATCH_PATTERN)
 _RATE = re.compile(contract.RATE_PATTERN)
+_COMMITTED = re.compile(contract.COMMITTED_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -112,3 +114,8 @@ def batch_switches(log: str) -> list[BatchSwitch]:
 def rate_switches(log: str) -> list[RateSwitch]:
     """Every RATE_LOG line of one worker's log, in order."""
     return [RateSwitch(int(s), float(r), float(p)) for s, r, p in _RATE.findall(log)]
+
+
+def committed_checkpoints(log: str) -> list[int]:
+    """The steps of the object-store checkpoints one launcher's log says are complete, in order."""
+    return [int(step) for step, _, _ in _COMMITTED.findall(log)]

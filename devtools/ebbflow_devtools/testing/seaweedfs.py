@@ -1,6 +1,6 @@
 """A local SeaweedFS for the object-store checkpoints' tests: one `weed server` process (master,
 volume server, filer and S3 gateway) on loopback ports, its data in a directory of the test's,
-S3 requests authenticated with one identity (`ACCESS_KEY`, `SECRET_KEY`).
+S3 requests authenticated with the one identity of the kind cluster's store too (object_store.s3_config).
 
 `start` returns once an object can be written and read back; `stop` ends it, `kill` is what a lost
 store looks like (SIGKILL), and `restart` brings it back on the same ports and data. `weed` is built
@@ -18,10 +18,12 @@ from pathlib import Path
 from ebbflow_trainer.s3 import Credentials, S3Client, S3Error, S3Unreachable
 
 from ebbflow_devtools.controlplane import DEFAULT_TOOLS_BIN
+from ebbflow_devtools.object_store import ACCESS_KEY as ACCESS_KEY  # re-exported for the tests
+from ebbflow_devtools.object_store import SECRET_KEY as SECRET_KEY
+from ebbflow_devtools.object_store import s3_config
 from ebbflow_devtools.ports import free_ports
 from ebbflow_devtools.waiting import NotYet, wait_for
 
-ACCESS_KEY, SECRET_KEY = "ebbflow-test", "ebbflow-test-secret"
 CREDENTIALS = Credentials(ACCESS_KEY, SECRET_KEY)
 READY_TIMEOUT_S = 120
 STOP_GRACE_S = 5
@@ -56,17 +58,8 @@ class SeaweedFS:
         return S3Client(self.endpoint, credentials, timeout=10)
 
     def _command(self) -> list[str]:
-        identities = {
-            "identities": [
-                {
-                    "name": "ebbflow",
-                    "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-                }
-            ]
-        }
         config = self.directory / "s3.json"
-        config.write_text(json.dumps(identities))
+        config.write_text(json.dumps(s3_config()))
         (self.directory / "data").mkdir(exist_ok=True)
         port = self.ports
         return [

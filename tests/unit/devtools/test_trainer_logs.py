@@ -4,13 +4,21 @@ format strings, declared in `ebbflow_api.contract`) are what `ebbflow_devtools.t
 from __future__ import annotations
 
 import pytest
-from ebbflow_api.contract import BATCH_LOG, FINISHED_LOG, RATE_LOG, RESUMED_LOG, RESUMES_LOG
+from ebbflow_api.contract import (
+    BATCH_LOG,
+    COMMITTED_LOG,
+    FINISHED_LOG,
+    RATE_LOG,
+    RESUMED_LOG,
+    RESUMES_LOG,
+)
 from ebbflow_devtools.trainer_logs import (
     BatchSwitch,
     RateSwitch,
     Resumption,
     World,
     batch_switches,
+    committed_checkpoints,
     finished,
     rate_switches,
     resumptions,
@@ -74,3 +82,14 @@ def test_batch_and_rate_switches_are_read_back_in_order() -> None:
     )
     assert batch_switches(log) == [BatchSwitch(120, 512, 256, 32), BatchSwitch(300, 256, 512, 16)]
     assert rate_switches(log) == [RateSwitch(130, 0.5, 0.0), RateSwitch(310, 0.25, 0.5)]
+
+
+def test_committed_checkpoints_are_read_back_in_order() -> None:
+    log = "\n".join(
+        [
+            f"INFO {COMMITTED_LOG % (50, 's3://checkpoints/digits', 0.42)}",
+            "WARNING checkpoint of step 100 not uploaded (training goes on): HTTP 503",
+            f"INFO {COMMITTED_LOG % (150, 's3://checkpoints/digits', 1.5)}",
+        ]
+    )
+    assert committed_checkpoints(log) == [50, 150]

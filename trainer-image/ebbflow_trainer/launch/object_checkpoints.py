@@ -266,9 +266,7 @@ class Uploader(threading.Thread):
             return
         if committed:
             seconds = time.monotonic() - started
-            log.info(
-                "checkpoint of step %d committed to %s in %.2f s", step, self.checkpoints.location, seconds
-            )
+            log.info(contract.COMMITTED_LOG, step, self.checkpoints.location, seconds)
             self.journal.write("checkpoint-committed", step=step, bytes=len(data), seconds=seconds)
         path.unlink(missing_ok=True)
 
