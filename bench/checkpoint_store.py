@@ -4,10 +4,10 @@ today's synchronous file checkpoint, at two state sizes, in one run; and the upl
 
 One worker (V=4, B=32, the digits example with a state padded to `--sizes` MiB by
 `tests/trainer/ballast_digits.py`), `--steps` steps, a checkpoint every `--interval` steps. Per run:
-the median step time, the mean of the steps that took a checkpoint and the one after it, and the
-whole run's wall time (each from the node's journal), then the ratio of each to the run without
-checkpoints. Object store: the committed uploads' bytes per second. Sides alternate, `--repeats`
-times.
+the median step time, the mean of the steps that pay for a checkpoint (the one after it was taken)
+and of the steps after those, and the whole run's wall time (each from the node's journal), then
+the ratio of each to the run without checkpoints. Object store: the committed uploads' bytes per
+second. Sides alternate, `--repeats` times.
 
     .venv/bin/python bench/checkpoint_store.py [--sizes 16 128] [--repeats 3] [--output FILE]
 
@@ -29,6 +29,7 @@ from ebbflow_devtools.testing.trainer_cluster import running_job
 
 SCRIPT = str(Path(__file__).resolve().parents[1] / "tests" / "trainer" / "ballast_digits.py")
 SIDES = ("none", "file", "object-store")
+METRICS = ("median_step_s", "checkpoint_step_mean_s", "following_step_mean_s", "wall_s", "upload_mb_per_s")
 
 
 def run_once(
@@ -56,11 +57,15 @@ def run_once(
         e["step"]: later - earlier
         for e, earlier, later in zip(step_events[1:], times, times[1:], strict=False)
     }
-    around = [gaps[s] for s in gaps if s % interval in (0, 1) and s < steps]
+    # A checkpoint is taken after step s's event: its cost is in step s + 1's gap, and work it left
+    # running beside the training (a serialization, an upload) slows step s + 2.
+    paying = [gaps[s] for s in gaps if s % interval == 1 and s < steps]
+    following = [gaps[s] for s in gaps if s % interval == 2 and s < steps]
     uploads = node.events("checkpoint-committed")
     return {
         "median_step_s": statistics.median(gaps.values()),
-        "checkpoint_steps_mean_s": statistics.mean(around) if around else None,
+        "checkpoint_step_mean_s": statistics.mean(paying) if paying else None,
+        "following_step_mean_s": statistics.mean(following) if following else None,
         "wall_s": times[-1] - times[0],
         "upload_mb_per_s": statistics.median(e["bytes"] / e["seconds"] / 2**20 for e in uploads)
         if uploads
@@ -103,10 +108,10 @@ def summarize(runs: dict[str, list[dict[str, Any]]], sizes: list[int]) -> dict[s
         for side in SIDES:
             measured = runs[f"{size}/{side}"]
             row: dict[str, Any] = {}
-            for metric in ("median_step_s", "checkpoint_steps_mean_s", "wall_s", "upload_mb_per_s"):
+            for metric in METRICS:
                 values = [r[metric] for r in measured if r[metric] is not None]
                 row[metric] = statistics.median(values) if values else None
-            for metric in ("checkpoint_steps_mean_s", "wall_s"):
+            for metric in ("checkpoint_step_mean_s", "following_step_mean_s", "wall_s"):
                 reference = statistics.median(r[metric] for r in base if r[metric] is not None)
                 row[f"{metric}_over_none"] = row[metric] / reference if row[metric] else None
             summary[f"{size} MiB, {side}"] = row

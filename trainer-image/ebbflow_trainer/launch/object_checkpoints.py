@@ -6,8 +6,9 @@ MAGIC, SHA-256, payload) and `step-<12 digits>/manifest.json`, written last, nam
 size and SHA-256. A checkpoint exists once its manifest does; readers take the newest whose object
 matches its manifest and whose state loads, and skip any other with a warning that names it.
 
-Rank 0's worker leaves each snapshot in the node's outbox (node-local memory) and trains on; the
-launcher's `Uploader` thread, which outlives the worlds, uploads the newest snapshot there.
+Rank 0's worker leaves each snapshot in the node's outbox (node-local memory), as `torch.save`
+writes it, and trains on; the launcher's `Uploader` thread, which outlives the worlds, frames the
+newest snapshot there (magic, SHA-256: the bytes of a file checkpoint) and uploads it.
 Invariants: at most one upload in flight; a newer snapshot supersedes an unfinished one (its
 multipart upload is aborted between parts); older checkpoints are deleted only after a newer one
 committed, and only beyond `retain`; a failed upload leaves every committed checkpoint as it was and
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from ebbflow_api import contract
 
 from ebbflow_trainer.config import TrainerConfig
@@ -206,9 +209,15 @@ def outbox(state_dir: Path) -> Path:
     return state_dir / OUTBOX
 
 
-def leave_snapshot(state_dir: Path, data: bytes, step: int) -> None:
-    """Rank 0's worker: the snapshot goes to the node's outbox, for the launcher to upload."""
-    state.write_atomic(data, outbox(state_dir) / f"step-{step:012d}.pt")
+def leave_snapshot(state_dir: Path, snapshot: dict[str, Any], step: int) -> None:
+    """Rank 0's worker: the snapshot, as `torch.save` writes it, goes to the node's outbox for the
+    launcher to frame and upload: the step pays for that write only, and the hashing and framing
+    run in the launcher's process, beside the training instead of holding its interpreter."""
+    path = outbox(state_dir) / f"step-{step:012d}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(snapshot, temporary)
+    os.replace(temporary, path)  # the launcher never sees half a snapshot
 
 
 class Uploader(threading.Thread):
@@ -252,7 +261,7 @@ class Uploader(threading.Thread):
 
     def _upload(self, step: int, path: Path) -> None:
         started = time.monotonic()
-        data = path.read_bytes()
+        data = state.frame(path.read_bytes())
         try:
             newer = lambda: max((s for s, _ in self._snapshots()), default=step) > step  # noqa: E731
             committed = self.checkpoints.commit(data, step, newer)

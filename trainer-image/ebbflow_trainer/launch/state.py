@@ -196,7 +196,11 @@ class StateFileError(ValueError):
 def to_bytes(state: dict[str, Any]) -> bytes:
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    payload = buffer.getvalue()
+    return frame(buffer.getvalue())
+
+
+def frame(payload: bytes) -> bytes:
+    """A state's bytes from what `torch.save` wrote: MAGIC, the payload's SHA-256, the payload."""
     return MAGIC + hashlib.sha256(payload).digest() + payload
 
 

@@ -501,11 +501,11 @@ class Worker:
         for the launcher to upload while training goes on (object_checkpoints.Uploader)."""
         if self.checkpoint is None and self.object_store is None:
             return
-        data = state.to_bytes(state.capture(self.engine, self.step, self.last_step_wall_time))
+        captured = state.capture(self.engine, self.step, self.last_step_wall_time)
         if self.checkpoint is not None:
-            state.write_checkpoint(data, self.checkpoint)
+            state.write_checkpoint(state.to_bytes(captured), self.checkpoint)
         else:
-            object_checkpoints.leave_snapshot(Path(self.config.state_dir), data, self.step)
+            object_checkpoints.leave_snapshot(Path(self.config.state_dir), captured, self.step)
         self.journal.write("checkpoint", step=self.step)
 
 
