@@ -43,6 +43,7 @@ class StandIn:
     rescales: int = 0
     last_report: float = -1e9
     last_tick: float | None = None
+    timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds, workers) at each change
 
     @property
     def steps(self) -> float:
@@ -64,6 +65,7 @@ class StandIn:
             self.paused_until = now + restart_s
         self.started = self.started or bool(workers)
         self.workers, self.nodes = workers, nodes
+        self.timeline.append((round(now, 1), len(workers)))
 
     def advance(self, now: float) -> None:
         """Trains from the last tick to `now` at the current rate, skipping the paused part."""

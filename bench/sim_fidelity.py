@@ -104,7 +104,7 @@ def make_setup(args: argparse.Namespace, jobs: list[SimJob]) -> Setup:
     )
 
 
-def simulate(jobs: list[SimJob], policy: str, setup: Setup) -> dict[str, float]:
+def simulate(jobs: list[SimJob], policy: str, setup: Setup) -> dict[str, Simulated]:
     sim_config = SimConfig(
         cluster=setup.cluster,
         rescale_pause_s=setup.pause_s,
@@ -118,10 +118,21 @@ def simulate(jobs: list[SimJob], policy: str, setup: Setup) -> dict[str, float]:
         simulation.preempt_at(at, node)
     simulation.run()
     return {
-        name: state.finished_s - state.job.arrival_s
+        name: Simulated(
+            state.finished_s - state.job.arrival_s, state.started_s - state.job.arrival_s, state.rescales
+        )
         for name, state in simulation.states.items()
-        if state.finished_s is not None
+        if state.finished_s is not None and state.started_s is not None
     }
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """One job as the simulator ran it: completion and first start after its arrival, rescales."""
+
+    jct_s: float
+    started_s: float
+    rescales: int
 
 
 class Cluster:
@@ -253,27 +264,39 @@ def _replay(cluster: Cluster, jobs: list[SimJob], setup: Setup, deadline_s: floa
         time.sleep(max(0.0, pause))
     return {
         "jct_s": stand_ins.finished(),
+        "timelines": {name: s.timeline for name, s in stand_ins.states.items()},
         "rescales": sum(s.rescales for s in stand_ins.states.values()),
         "ticks_late_p95_s": sorted(late)[int(0.95 * (len(late) - 1))] if late else 0.0,
     }
 
 
-def compare(jobs: list[SimJob], simulated: dict[str, float], operated: dict[str, float]) -> dict[str, Any]:
-    """Per job (both finished) sim / operator - 1; the averages over the jobs both finished."""
-    both = [j.name for j in jobs if j.name in simulated and j.name in operated]
-    errors = {name: simulated[name] / operated[name] - 1.0 for name in both}
+def compare(jobs: list[SimJob], sim: dict[str, Simulated], operated: dict[str, Any]) -> dict[str, Any]:
+    """Per job (both finished) sim / operator - 1, with the operator's worker timeline and the
+    simulator's first start and rescales beside it; the averages over the jobs both finished."""
+    simulated = {name: run.jct_s for name, run in sim.items()}
+    finished, timelines = operated["jct_s"], operated["timelines"]
+    both = [j.name for j in jobs if j.name in simulated and j.name in finished]
+    errors = {name: simulated[name] / finished[name] - 1.0 for name in both}
     worst: float | None = max(errors.values(), key=abs) if errors else None
     sim_avg = statistics.mean(simulated[n] for n in both) if both else float("nan")
-    op_avg = statistics.mean(operated[n] for n in both) if both else float("nan")
+    op_avg = statistics.mean(finished[n] for n in both) if both else float("nan")
     return {
         "jobs_compared": len(both),
-        "unfinished": {"sim": len(jobs) - len(simulated), "operator": len(jobs) - len(operated)},
+        "unfinished": {"sim": len(jobs) - len(simulated), "operator": len(jobs) - len(finished)},
+        "rescales": {"sim": sum(run.rescales for run in sim.values()), "operator": operated["rescales"]},
         "avg_jct_s": {"sim": round(sim_avg, 1), "operator": round(op_avg, 1)},
         "avg_error": round(sim_avg / op_avg - 1.0, 3) if both else None,
         "jobs_within_25_percent": sum(abs(e) <= 0.25 for e in errors.values()),
         "worst_job_error": None if worst is None else round(worst, 3),
         "per_job": {
-            n: {"sim_s": round(simulated[n], 1), "operator_s": round(operated[n], 1), "error": round(e, 3)}
+            n: {
+                "sim_s": round(simulated[n], 1),
+                "operator_s": round(finished[n], 1),
+                "error": round(e, 3),
+                "sim_started_s": round(sim[n].started_s, 1),
+                "sim_rescales": sim[n].rescales,
+                "operator_workers": timelines[n],
+            }
             for n, e in errors.items()
         },
     }
@@ -305,8 +328,8 @@ def main() -> None:
         simulated = simulate(jobs, policy, setup)
         operated = operate(jobs, policy, setup, args.deadline, args.output.parent)
         report[policy] = {
-            **compare(jobs, simulated, operated["jct_s"]),
-            **{k: v for k, v in operated.items() if k != "jct_s"},
+            **compare(jobs, simulated, operated),
+            "ticks_late_p95_s": operated["ticks_late_p95_s"],
         }
         print(json.dumps({policy: {k: v for k, v in report[policy].items() if k != "per_job"}}), flush=True)
         args.output.write_text(json.dumps(report, indent=2) + "\n")
