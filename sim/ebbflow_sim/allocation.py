@@ -15,10 +15,11 @@ Both serve waiting jobs by priority then arrival, skipping (backfilling past) th
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from ebbflow_operator import policies
-from ebbflow_operator.decision.allocator import Demand, Packing, Policy
+from ebbflow_operator.decision.allocator import Demand, Packing, Policy, first_acceptable
 from ebbflow_operator.decision.model import JobKey
 from ebbflow_operator.policies import JobMetrics, NodeDevices, SlicedPacking, policy_named
 
@@ -100,10 +101,11 @@ def rigid_allocate(
 
 
 class Placer(SlicedPacking):
-    """The placement the engine applies: the policy's counts, running workers kept where they are
-    (every job's kept workers are placed before anyone grows) unless the policy moves them (onto the
-    nodes it chose, before anyone grows), growth by the policies' own packing.
-    A job whose growth does not reach its min here gets 0 (the policy's own packing order differs)."""
+    """The placement the engine applies, as the operator and the kube-scheduler carry a pass out: the
+    policy's counts; running workers kept where they are (every job's kept workers are placed before
+    anyone grows) unless the policy moves them (pinned to the nodes it chose, before anyone grows);
+    new workers where the scheduler puts the operator's unpinned pods (`schedule`). A job whose
+    growth does not reach its min here gets 0 (its pods would stay Pending)."""
 
     def apply(
         self,
@@ -123,7 +125,42 @@ class Placer(SlicedPacking):
                 self._sticky[d.key] = list(moves[d.key])
             self.place_up_to(d, len(moves.get(d.key, ())))
         for d in ordered:
-            self.place_up_to(d, counts.get(d.key, 0) - self.count(d.key))
+            self.schedule(d, counts.get(d.key, 0) - self.count(d.key))
             if 0 < self.count(d.key) < d.min:
                 self.withdraw(d)
         return {d.key: self.nodes_of(d.key) for d in demands}
+
+    def schedule(self, demand: Demand, workers: int) -> None:
+        """Places up to `workers` new workers one at a time as the default kube-scheduler scores
+        the operator's new pods, which name no node: its default topology spread (the job's
+        Service selects them) puts each on a fitting node holding the fewest of the job's pods,
+        then least allocated (fewest GPUs in use, the nodes being alike), then by name."""
+        need = demand.gpus_per_worker
+        placed = self._placed.setdefault(demand.key, [])
+        for _ in range(workers):
+            node = self._spread_node(demand, Counter(placed)) if need > 0 else ""
+            if node is None:
+                return
+            if node:
+                self._placed_on(demand, node)
+                self._take(node, need)
+            placed.append(node)
+
+    def _spread_node(self, demand: Demand, mine: Counter[str]) -> str | None:
+        """The node `schedule` puts the job's next worker on (None when none fits)."""
+        need = demand.gpus_per_worker
+        best: tuple[int, int, str] | None = None
+        for (free, *_), names in self._index.groups():
+            if free < need or (best is not None and -free > best[1]):
+                continue
+            name = first_acceptable(names, demand.eligible, mine.keys())
+            if name is not None and (best is None or (0, -free, name) < best):
+                best = (0, -free, name)
+        if best is not None:
+            return best[2]
+        own = [
+            (count, -self.free[node], node)
+            for node, count in mine.items()
+            if node in demand.eligible and self.free.get(node, 0) >= need
+        ]
+        return min(own)[2] if own else None

@@ -41,7 +41,6 @@ class JobState:
     rescales: int = 0
     preemptions: int = 0
     lost_samples: float = 0.0  # work thrown away by roll-backs
-    lost_state: bool = False  # the next start restores a checkpoint (pays the restart cost)
     batch: int = 0  # the global batch B it trains at (0: the job's B0, set on creation)
     shapes: dict[tuple[int, int, float, int, str], Measurement] = field(default_factory=dict)
     losses: list[tuple[float, float]] = field(default_factory=list)
@@ -131,7 +130,6 @@ class JobState:
         self.lost_samples += self.progress - self.checkpoint
         self.progress = self.checkpoint
         self.active_since_checkpoint = 0.0
-        self.lost_state = True
         self.next_report = self.steps
 
     def hand_over(self) -> None:

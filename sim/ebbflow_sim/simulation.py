@@ -3,10 +3,11 @@
 Events: arrivals, completions (from each running job's rate), node preemptions and additions, a loss
 snapshot at the cutoff, and allocation passes (after any event that changes demand or capacity,
 coalesced over `debounce_s`, and at least every `tick_s`). A pass calls the policy's `decide()`,
-places the counts (`Placer`), applies the batches and charges: a resize `rescale_pause_s`; a
-(re)start after losing every worker `restart_s`; a change of batch nothing; a preemption rolls rigid
-jobs back to their checkpoint and pauses elastic ones once (or stops them below min).
-A first start costs nothing, so a lone job finishes at exactly work / goodput.
+places the counts (`Placer`), applies the batches and charges: a resize or a move `rescale_pause_s`
+(a move no worker survives: a restart); a restart of a job that ran before `restart_s`; a
+change of batch nothing; a preemption rolls rigid jobs back to their checkpoint and pauses elastic
+ones once (or stops them below min). A first start costs nothing, so a lone job finishes at
+exactly work / goodput.
 
 Invariants: time only moves forward; allocated GPUs never exceed a node's advertised GPUs; the
 result depends only on the jobs, the config and the seed.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import gc
 import heapq
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -350,18 +352,26 @@ class Simulation:
         return self.config.cluster.devices(spot, name, speeds.get(name, 1.0))
 
     def _move(self, state: JobState, nodes: list[str]) -> bool:
-        """Applies a job's new nodes; charges a start, a rescale or a hand-over."""
+        """Applies a job's new nodes; charges a start, a rescale, a hand-over or a move. The operator
+        moves a job by deleting the workers that leave before the new ones run: the workers that
+        stay re-form, and the newcomers join that round (one rescale); when none stays, the job
+        hands over and restarts on the new nodes."""
         if sorted(nodes) == sorted(state.workers):
             return False
         self._sync(state)
+        stay = Counter(state.workers) & Counter(nodes)
+        moved = stay.total() < min(len(state.workers), len(nodes))
         if not state.workers:
-            state.paused_until = self.now + (self.config.restart_s if state.lost_state else 0.0)
-            state.lost_state = False
-            if state.started_s is None:
+            restarted = state.started_s is not None
+            state.paused_until = self.now + (self.config.restart_s if restarted else 0.0)
+            if not restarted:
                 state.started_s = self.now
                 state.report_loss()
         elif not nodes:
             state.hand_over()
+        elif moved and not stay:
+            state.hand_over()
+            state.paused_until = self.now + self.config.restart_s
         else:
             state.paused_until = self.now + self.config.rescale_pause_s
             state.rescales += 1

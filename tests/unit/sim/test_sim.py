@@ -507,6 +507,65 @@ def test_placer_without_moves_keeps_running_workers_where_they_are() -> None:
     assert Placer(free, {}).apply([a], {a.key: 4}) == {a.key: ["n1", "n1", "n0", "n0"]}
 
 
+@pytest.mark.parametrize(
+    ("free", "gpus", "count", "current", "expected"),
+    [
+        pytest.param({"n0": 4, "n1": 4}, 1, 2, (), ["n0", "n1"], id="a-new-job-spreads"),
+        pytest.param({"n0": 2, "n1": 2}, 1, 3, (), ["n0", "n1", "n0"], id="then-its-own-nodes"),
+        pytest.param({"n0": 1, "n1": 4}, 1, 1, (), ["n1"], id="least-allocated-first"),
+        pytest.param({"n0": 1, "n1": 2}, 2, 1, (), ["n1"], id="only-where-the-worker-fits"),
+        pytest.param({"n0": 4, "n1": 3}, 1, 3, ("n0",), ["n0", "n1", "n0"], id="growth-spreads-out"),
+    ],
+)
+def test_placer_places_new_workers_as_the_scheduler_spreads_them(
+    free: dict[str, int], gpus: int, count: int, current: tuple[str, ...], expected: list[str]
+) -> None:
+    """The operator names no node for a new worker: the default scheduler's topology spread puts it
+    where the job has fewest pods, then on the least allocated node (the policy's packing would
+    have put a new two-worker job on one node)."""
+    a = make_demand("a", 1, 4, gpus=gpus, nodes=free, current=current)
+    assert Placer(free, {}).apply([a], {a.key: count}) == {a.key: expected}
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "rescales", "pause"),
+    [
+        pytest.param(["n0", "n1"], ["n0", "n0"], 1, 5.0, id="some-stay-one-round"),
+        pytest.param(["n1", "n2"], ["n0", "n0"], 0, 60.0, id="none-stays-a-restart"),
+        pytest.param(["n0", "n1"], ["n0"], 1, 5.0, id="a-shrink-one"),
+        pytest.param(["n0"], ["n0", "n1"], 1, 5.0, id="a-growth-one"),
+    ],
+)
+def test_a_move_costs_what_the_operator_makes_the_trainers_pay(
+    before: list[str], after: list[str], rescales: int, pause: float
+) -> None:
+    """The operator deletes a moving job's leaving workers before its new ones run: the stayers
+    re-form and the newcomers join that round; with no stayer the job hands over and restarts."""
+    a = job(hi=2, seconds=1000.0)
+    s = Simulation([a], "fair", config(gpus=12, per_node=4, rescale_pause_s=5.0, restart_s=60.0))
+    state = s.states["a"]
+    state.started_s = 0.0
+    state.set_workers(before)
+    s.now = 100.0
+    assert s._move(state, after)
+    assert (state.rescales, state.paused_until - s.now) == (rescales, pause)
+    assert state.workers == after
+
+
+def test_a_job_shrunk_to_nothing_pays_the_restart_when_it_runs_again() -> None:
+    """A hand-over costs nothing lost, but the new pods still start and load it: the restart cost."""
+    a = job(hi=2, seconds=1000.0)
+    s = Simulation([a], "fair", config(gpus=8, per_node=4, restart_s=60.0))
+    state = s.states["a"]
+    state.started_s = 0.0
+    state.set_workers(["n0"])
+    s.now = 50.0
+    s._move(state, [])
+    s._move(state, ["n1"])
+    assert state.paused_until == 110.0
+    assert state.lost_samples == 0.0
+
+
 @pytest.mark.parametrize("syncs", [1, 7, 250], ids=["one-catch-up", "a-few", "every-few-seconds"])
 def test_progress_and_loss_reports_do_not_depend_on_how_often_a_job_catches_up(syncs: int) -> None:
     """The engine brings a job's progress up to date lazily (`JobState.advance` from `synced_s`), so
