@@ -183,7 +183,7 @@ class Operator:
 
     def start(self) -> None:
         command = [
-            *(sys.executable, "-m", "ebbflow_operator", "--namespace", NAMESPACE),
+            *(sys.executable, "-m", "ebbflow_operator", "--namespace", NAMESPACE, "--policy", "fair"),
             *("--node-selector", f"{SOAK_LABEL}=yes", "--resync-interval", "2"),
             *("--metrics-port", "0", "--health-port", "0", "--log-level", "INFO"),
         ]

@@ -128,7 +128,7 @@ def start_operator(
         sys.executable, "-m", "ebbflow_operator", "--namespace", namespace,
         "--node-selector", ",".join(f"{k}={v}" for k, v in selector.items()),
         "--metrics-port", str(metrics), "--metrics-address", "127.0.0.1", "--health-port", str(health),
-        "--resync-interval", "2", "--kueue", "true" if queued else "false",
+        "--resync-interval", "2", "--kueue", "true" if queued else "false", "--policy", "fair",
     ]  # fmt: skip
     env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
     with log.open("ab") as out:

@@ -384,7 +384,7 @@ def start_operator(kubeconfig: Path, port: int, log_level: str) -> subprocess.Po
     log = REPO / "bench" / "results" / "operator.log"
     log.parent.mkdir(exist_ok=True)
     command = [
-        *(sys.executable, "-m", "ebbflow_operator", "--namespace", NAMESPACE),
+        *(sys.executable, "-m", "ebbflow_operator", "--namespace", NAMESPACE, "--policy", "fair"),
         *("--node-selector", f"{GROUP_LABEL}=yes", "--log-level", log_level),
         *("--metrics-port", str(port), "--metrics-address", "127.0.0.1", "--health-port", "0"),
     ]

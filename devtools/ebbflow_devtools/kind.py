@@ -60,6 +60,10 @@ KUBECTL_POLL_S = 2.0
 CHART_VALUES = (
     f"trainer.rbac.namespaces={{{DEMO_NAMESPACE},{E2E_NAMESPACE}}}",
     "operator.resyncInterval=5",
+    # Fair share hands every free GPU out, so the demo and the scenarios see each resize they cause.
+    # The default, goodput, grows a job only where its trainers' measured step times say a worker
+    # pays, which on kind nodes sharing a machine's few cores depends on that machine's load.
+    "operator.policy=fair",
     # Scraped by the Prometheus Operator's Prometheus (hack/prometheus-operator), every 5 s.
     "metrics.serviceMonitor.enabled=true",
     "metrics.serviceMonitor.interval=5s",

@@ -55,6 +55,10 @@ class OperatorProcess:
             str(self.health_port),
             "--resync-interval",
             "2",
+            # The sizes these tests expect are fair share's (max-min, every GPU handed out); a test
+            # of another policy names it in `extra`, which comes later and wins.
+            "--policy",
+            "fair",
             *extra,
         ]
         env = {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig)}

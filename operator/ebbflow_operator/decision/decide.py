@@ -41,7 +41,7 @@ class OperatorConfig:
     debounce: float = 0.05  # gather a burst of watch events into one pass
     write_concurrency: int = 8
     max_writes_per_pass: int = 500  # the rest waits for the next pass (this_pass)
-    policy: str = "fair"  # who gets a freed GPU: policies.POLICIES
+    policy: str = "goodput"  # who gets a freed GPU: policies.POLICIES (docs/operator.md)
     kueue: bool = False  # jobs labeled with a Kueue queue run only what Kueue admits (kueue.py)
 
 
