@@ -34,6 +34,9 @@ DDP_STEPS, DDP_CHECKPOINT_EVERY = 300, 20
 # long enough to be disturbed (the CPU computes a digits step in milliseconds).
 DDP_SAMPLE_SECONDS = 0.0008
 HF_STEPS = 60  # examples/jobs/hf-trainer.yaml's --max-steps
+# 1.2 s a step in a world of three (8 samples a worker): the Trainer is still training when the node
+# is taken away and after its world re-forms (unpaced, it can finish its 60 steps before either).
+HF_SAMPLE_SECONDS = 0.15
 
 
 @pytest.fixture
@@ -98,7 +101,7 @@ def test_a_torchrun_script_and_a_hugging_face_trainer_train_through_a_node_taken
 ) -> None:
     ddp_args = ["--steps", str(DDP_STEPS), "--simulated-sample-seconds", str(DDP_SAMPLE_SECONDS)]
     jobs.apply(kind, _job("digits-torchrun", 3, ddp_args))
-    jobs.apply(kind, _job("hf-trainer", 1, []))
+    jobs.apply(kind, _job("hf-trainer", 1, ["--simulated-sample-seconds", str(HF_SAMPLE_SECONDS)]))
 
     def three_each() -> bool:
         latest = [_starts(shared_claim, job)[-1:] for job in ("digits-torchrun", "hf-trainer")]

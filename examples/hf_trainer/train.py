@@ -79,6 +79,17 @@ class Events(TrainerCallback):
         self.emit(state, "done", step=state.global_step)
 
 
+class SimulatedDeviceTime(TrainerCallback):
+    """A pause per sample this rank trained in the step, so that a CPU run takes a device's time."""
+
+    def __init__(self, sample_seconds: float):
+        self.sample_seconds = sample_seconds
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        time.sleep(self.sample_seconds * samples)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output-dir", required=True, help="the Trainer's checkpoints (a shared volume)")
@@ -87,6 +98,9 @@ def main() -> None:
     parser.add_argument("--save-steps", type=int, default=50)
     parser.add_argument("--eval-steps", type=int, default=20, help="evaluate on held-out text every N steps")
     parser.add_argument("--events", type=Path)
+    parser.add_argument(
+        "--simulated-sample-seconds", type=float, default=0.0, help="device time per sample (CPU runs)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     lm = _hf_lm()
@@ -123,6 +137,8 @@ def main() -> None:
     resume = resume_point(training)  # Ebbflow: the state handed over, else the newest checkpoint
     source = "none" if resume is None else ("memory" if "hf-resume" in resume else "checkpoint")
     trainer.add_callback(Events(args.events, source))
+    if args.simulated_sample_seconds > 0:
+        trainer.add_callback(SimulatedDeviceTime(args.simulated_sample_seconds))
     trainer.train(resume_from_checkpoint=resume)
 
 
