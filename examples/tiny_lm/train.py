@@ -2,7 +2,8 @@
 
 The "text" comes from a fixed random bigram chain over a small vocabulary, so the model has real
 structure to learn: the loss falls from log(vocab) towards the chain's entropy.
-Run it elastically (see docs/trainer.md): ``ebbflow-train run examples/tiny_lm/train.py``.
+Run it elastically (see docs/trainer.md): ``ebbflow-train run examples/tiny_lm/train.py``; sharded
+over the workers (FSDP2, each transformer block its own unit): ``examples/tiny_lm/train.py:build_sharded``.
 """
 
 from __future__ import annotations
@@ -68,3 +69,13 @@ def build() -> TrainingSpec:
         loss_fn=loss_fn,
         steps=300,
     )
+
+
+def build_sharded() -> TrainingSpec:
+    """The same job with parameters, gradients and optimizer state split over the workers."""
+    spec = build()
+    model = spec.model
+    assert isinstance(model, TinyLM)
+    spec.sharding = "fsdp"
+    spec.shard_modules = list(model.blocks.layers)
+    return spec

@@ -229,6 +229,7 @@ def _check_spec(config: TrainerConfig) -> None:
     from ebbflow_trainer.api import SpecError, load_spec
     from ebbflow_trainer.config import ConfigError
     from ebbflow_trainer.lr_scaling import momentum_correction_problem
+    from ebbflow_trainer.step.fsdp import sharding_problem
 
     try:
         spec = load_spec(config.spec)
@@ -250,6 +251,9 @@ def _check_spec(config: TrainerConfig) -> None:
             f"{contract.ENV_BAND_LIMIT}=true (spec.bandLimit), but the training script's model has no "
             "torch.nn.Conv2d layer to band-limit: leave bandLimit unset for this model."
         )
+    why = sharding_problem(spec, config)
+    if why:
+        raise ConfigError(f'TrainingSpec.sharding="{spec.sharding}": {why}.')
     largest = config.max_global_batch_size
     if largest is not None and len(spec.dataset) < largest:
         raise ConfigError(

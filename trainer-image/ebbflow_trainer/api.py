@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -29,6 +29,8 @@ from torch.utils.data import default_collate
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 Precision = Literal["fp32", "bf16", "fp16"]
+SHARDINGS = ("none", "fsdp")
+Sharding = Literal["none", "fsdp"]
 ExtraState = tuple[Callable[[], dict[str, Any]], Callable[[dict[str, Any]], None]]
 
 
@@ -87,6 +89,10 @@ class TrainingSpec:
     - ``extra_state``: ``(state_dict, load_state_dict)``: the script's own state (a dict),
       captured and restored with the training state. It must be the same on every worker: change
       it in ``eval_fn`` or from the step count, never from one worker's share of the batch.
+    - ``sharding``: ``"none"`` (every worker holds the whole model and optimizer state) or ``"fsdp"``
+      (each parameter, its gradient and its optimizer state are split over the world with PyTorch's
+      FSDP2, applied to each module of ``shard_modules``, e.g. the transformer blocks, and to the
+      model; docs/trainer.md says what a sharded job supports and how it resizes).
     - ``loader_workers``: background processes building virtual-node batches (0: in the training
       process), forked from the worker; ``prefetch``: batches each loader process builds ahead.
       Batches and their samples do not depend on this setting.
@@ -107,6 +113,8 @@ class TrainingSpec:
     extra_state: ExtraState | None = None
     loader_workers: int = 0
     prefetch: int = 2
+    sharding: Sharding = "none"
+    shard_modules: Sequence[torch.nn.Module] = ()
 
     def __post_init__(self) -> None:
         self.validate()
@@ -119,6 +127,7 @@ class TrainingSpec:
         _check_core(self)
         _check_update(self)
         _check_hooks(self)
+        _check_sharding(self)
 
 
 def _is_int(value: Any) -> bool:
@@ -219,6 +228,29 @@ def _check_hooks(spec: TrainingSpec) -> None:
             "TrainingSpec.extra_state must be a pair (state_dict, load_state_dict): a function returning "
             "a dict and a function taking that dict back."
         )
+
+
+def _check_sharding(spec: TrainingSpec) -> None:
+    if spec.sharding not in SHARDINGS:
+        raise SpecError(f"TrainingSpec.sharding={spec.sharding!r} must be one of {SHARDINGS}.")
+    modules = list(spec.shard_modules)
+    if modules and spec.sharding == "none":
+        raise SpecError(
+            'TrainingSpec.shard_modules is set but sharding is "none": set sharding="fsdp" or drop '
+            "shard_modules."
+        )
+    submodules = {id(module) for module in spec.model.modules()}
+    for index, module in enumerate(modules):
+        if not isinstance(module, torch.nn.Module) or id(module) not in submodules:
+            raise SpecError(
+                f"TrainingSpec.shard_modules[{index}] is not a submodule of TrainingSpec.model: list the "
+                "model's own modules (e.g. its transformer blocks)."
+            )
+        if module is spec.model:
+            raise SpecError(
+                f"TrainingSpec.shard_modules[{index}] is the model itself, which is always sharded: "
+                "list its submodules only."
+            )
 
 
 def import_script(reference: str) -> ModuleType:

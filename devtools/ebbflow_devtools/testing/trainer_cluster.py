@@ -32,6 +32,8 @@ REPO = Path(__file__).resolve().parents[3]
 DIGITS = str(REPO / "examples" / "digits" / "train.py")
 # The digits example, held while a file exists (`held_digits.py` beside this module): the same bits.
 HELD_DIGITS = str(Path(__file__).resolve().parent / "held_digits.py")
+# The held digits trained sharded (sharding="fsdp"): start_held works with either.
+SHARDED_DIGITS = str(Path(__file__).resolve().parent / "sharded_digits.py")
 # The launcher command the zygote (`zygote.py` beside this module) forks instead of executing.
 EBBFLOW_TRAIN = (sys.executable, "-m", "ebbflow_trainer")
 # What torch elastic's agent logs when it stops its workers, here to admit a waiting node.
@@ -228,6 +230,7 @@ class Job:
     # The command before `run`: `ebbflow-train` (forked by the zygote) by default; a test may name
     # another (run as a new process) to look inside.
     launcher: tuple[str, ...] = EBBFLOW_TRAIN
+    env: dict[str, str] = field(default_factory=dict)  # every node's environment beyond the job's
     nodes: list[Node] = field(default_factory=list)
     rdzv: Process | None = None
     port: int = 0
@@ -286,6 +289,7 @@ class Job:
                 "DIGITS_HOLD": str(self.hold_file),
             }
         )
+        env.update(self.env)
         env.update(overrides)
         return env
 
@@ -341,7 +345,8 @@ class Job:
         every node trains in one world of them all, or once the agents of a smaller world asked their
         workers to stop at the next step boundary to admit the rest: within the leave grace (30 s)
         after which they would kill them. Without the hold, a short job could end first."""
-        assert self.script == HELD_DIGITS, "start_held needs running_job(..., script=HELD_DIGITS)"
+        held = (HELD_DIGITS, SHARDED_DIGITS)
+        assert self.script in held, "start_held needs running_job(..., script=HELD_DIGITS or SHARDED_DIGITS)"
         hold = self.hold_file
         hold.touch()
         stops_before = {n.name: n.log.read_text(errors="replace").count(AGENT_STOPS_WORKERS) for n in running}

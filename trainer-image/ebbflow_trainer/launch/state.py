@@ -22,6 +22,7 @@ import logging
 import os
 import pickle
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +75,13 @@ def model_digest(model: torch.nn.Module) -> str:
     """SHA-256 over the model's parameters and buffers (names, dtypes, shapes, bytes), in state_dict
     order: two runs that end bitwise equal print the same digest, so runs on different clusters
     (a disturbed one and a calm one) compare without copying their checkpoints out."""
+    return state_digest(model.state_dict())
+
+
+def state_digest(values: Mapping[str, torch.Tensor]) -> str:
+    """``model_digest`` of a state dict of whole tensors (a sharded model's, gathered)."""
     digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
+    for name, tensor in values.items():
         value = tensor.detach().cpu().contiguous()
         digest.update(f"{name}:{value.dtype}:{tuple(value.shape)};".encode())
         digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
@@ -87,8 +93,8 @@ def capture(engine: VirtualNodeEngine, step: int, last_step_wall_time: float) ->
     return {
         "step": step,
         "last_step_wall_time": last_step_wall_time,
-        "model": _to_cpu(engine.spec.model.state_dict()),
-        "optimizer": _to_cpu(engine.spec.optimizer.state_dict()),
+        "model": _to_cpu(engine.model_state()),
+        "optimizer": _to_cpu(engine.optimizer_state()),
         "rng": {
             "torch": torch.get_rng_state(),
             "python": random.getstate(),
@@ -111,8 +117,8 @@ def capture(engine: VirtualNodeEngine, step: int, last_step_wall_time: float) ->
 
 
 def restore(engine: VirtualNodeEngine, state: dict[str, Any]) -> None:
-    engine.spec.model.load_state_dict(state["model"])
-    engine.spec.optimizer.load_state_dict(state["optimizer"])
+    engine.load_model_state(state["model"])
+    engine.load_optimizer_state(state["optimizer"])
     rng = state["rng"]
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])

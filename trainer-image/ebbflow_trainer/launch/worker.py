@@ -42,7 +42,8 @@ from ebbflow_trainer.launch.journal import Journal
 from ebbflow_trainer.launch.rendezvous import connect, generation_store
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
 from ebbflow_trainer.step import memory_budget
-from ebbflow_trainer.step.engine import ReductionFailed, Requests, StepResult, VirtualNodeEngine
+from ebbflow_trainer.step.engine import ReductionFailed, Requests, StepResult
+from ebbflow_trainer.step.fsdp import engine_for
 from ebbflow_trainer.termination import write_termination_message
 
 EXIT_REFORM = 75
@@ -157,7 +158,7 @@ class Worker:
         self.spec.model.to(self.device)
         # nccl reduces on the GPU only; gloo on the CPU.
         self.comm_device = self.device if self.backend == "nccl" else torch.device("cpu")
-        self.engine = VirtualNodeEngine(self.spec, config, message_device=self.comm_device)
+        self.engine = engine_for(self.spec, config, message_device=self.comm_device)
         self.comm = DistCollectives(self.comm_device)
         self.total_steps = config.steps or self.spec.steps
         self.state_dir = state.local_dir(Path(config.state_dir), world.local_rank)
@@ -291,10 +292,7 @@ class Worker:
             try:
                 message, compute_seconds = self._reduce(mine)
             except ReductionFailed as error:
-                log.warning(
-                    "step %s failed (%s); handing over the state of step %s", self.step, error, self.step
-                )
-                self.hand_over()
+                self.hand_over_after_failure(error)
                 return EXIT_REFORM
             result = self.engine.apply(message, world.size)
             self.step += 1
@@ -308,6 +306,10 @@ class Worker:
                 )
                 if world.rank == 0:
                     log.info(contract.RESUMED_LOG, world.generation, pause)
+            if first_step and self.engine.collective_state:
+                # A sharded worker's handoff is stale from now on and a crash cannot refresh it: the
+                # next world must not resume from it (older than the checkpoint, perhaps).
+                (self.state_dir / state.HANDOFF_FILE).unlink(missing_ok=True)
             first_step = False
             self.last_step_wall_time = now
             self._evaluate()
@@ -316,7 +318,7 @@ class Worker:
             if self.engine.nonfinite_streak >= config.max_nonfinite_steps:
                 return self.stop_diverged()
             interval = config.checkpoint_interval_steps
-            if world.rank == 0 and interval and self.step % interval == 0:
+            if interval and self.step % interval == 0:
                 self.write_checkpoint()
             if result.leave_requested:
                 return self.stop_for_new_world()
@@ -327,11 +329,13 @@ class Worker:
                         "rebalance", step=self.step, counts=proposal, seconds=result.compute_seconds
                     )
                     counts = proposal
+        if not (interval and self.step % interval == 0):  # else written at this step already
+            self.write_checkpoint()
+        whole = world.rank == 0 or self.engine.collective_state  # a sharded model is gathered by all
+        digest = state.state_digest(self.engine.model_state()) if whole else ""
         if world.rank == 0:
-            if not (interval and self.step % interval == 0):  # else written at this step already
-                self.write_checkpoint()
             self._report_last_step(force=True)
-            log.info(contract.FINISHED_LOG, self.step, state.model_digest(self.spec.model))
+            log.info(contract.FINISHED_LOG, self.step, digest)
         self.journal.write("done", step=self.step, generation=world.generation)
         return contract.EXIT_SUCCESS
 
@@ -463,9 +467,8 @@ class Worker:
 
     def stop_for_new_world(self) -> int:
         """Someone asked to leave (or the agent must admit a newcomer): stop at this step boundary."""
-        self.hand_over()
+        self.write_checkpoint(self.hand_over())
         if self.world.rank == 0:
-            self.write_checkpoint()
             self._report_last_step(force=True)
         if self.leave.requested:
             (self.state_dir / state.LEFT_MARKER).touch()
@@ -483,25 +486,49 @@ class Worker:
             f"(steps {last_finite + 1}-{self.step}), the limit set by spec.maxNonFiniteSteps; "
             f"the parameters are those after step {last_finite}"
         )
+        self.write_checkpoint()
         if self.world.rank == 0:
-            self.write_checkpoint()
             self._report_last_step(force=True)
         write_termination_message(self.config.termination_message_path, why)
         log.error("stopping: %s", why)
         self.journal.write("diverged", step=self.step, last_finite_step=last_finite, streak=streak)
         return contract.EXIT_NONFINITE_LOSS
 
-    def hand_over(self) -> None:
-        """Leave this node's state in node-local memory (shared memory in a pod) for the next world."""
+    def hand_over(self) -> dict[str, Any]:
+        """Leave this node's state in node-local memory (shared memory in a pod) for the next world;
+        the state left there. Collective when the state is sharded: every worker calls it."""
         snapshot = state.capture(self.engine, self.step, self.last_step_wall_time)
         state.write_atomic(state.to_bytes(snapshot), self.state_dir / state.HANDOFF_FILE)
+        return snapshot
 
-    def write_checkpoint(self) -> None:
-        """Rank 0's durable checkpoint: written to the shared volume, or left in the node's outbox
-        for the launcher to upload while training goes on (object_checkpoints.Uploader)."""
+    def hand_over_after_failure(self, error: ReductionFailed) -> None:
+        """A collective of this step failed: hand over the last step's state, which every worker
+        holds whole, unless the state is sharded: then a peer's shard may be gone and nothing can be
+        gathered."""
+        if not self.engine.collective_state:
+            log.warning("step %s failed (%s); handing over the state of step %s", self.step, error, self.step)
+            self.hand_over()
+            return
+        log.warning(
+            "step %s failed (%s); a sharded worker holds only its shard of step %s, so the next world "
+            "resumes from the durable checkpoint",
+            self.step,
+            error,
+            self.step,
+        )
+
+    def write_checkpoint(self, captured: dict[str, Any] | None = None) -> None:
+        """Rank 0's durable checkpoint (of ``captured``, else of the state now): written to the shared
+        volume, or left in the node's outbox for the launcher to upload while training goes on
+        (object_checkpoints.Uploader). Every worker calls it: a sharded state is gathered from all."""
         if self.checkpoint is None and self.object_store is None:
             return
-        captured = state.capture(self.engine, self.step, self.last_step_wall_time)
+        if self.world.rank != 0 and not self.engine.collective_state:
+            return
+        if captured is None:
+            captured = state.capture(self.engine, self.step, self.last_step_wall_time)
+        if self.world.rank != 0:
+            return
         if self.checkpoint is not None:
             state.write_checkpoint(state.to_bytes(captured), self.checkpoint)
         else:
@@ -554,6 +581,7 @@ def _run(config: TrainerConfig, world: World, leave: LeaveSignal) -> int:
             world_size=world.size,
             timeout=timedelta(seconds=config.collective_timeout),
         )
+        worker.engine.join_world(world.size)
         try:
             worker.agree_on_state()
         except RuntimeError as error:

@@ -18,9 +18,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -157,6 +157,25 @@ class VirtualNodeEngine:
             offsets = self.buckets.plan.offsets
         # Where each parameter's gradient starts in the message (reverse order in fast mode's buckets).
         self.gradient_offsets = offsets
+
+    # Whether reading or loading the state below is a collective every worker joins (sharded state).
+    collective_state = False
+
+    def join_world(self, world_size: int) -> None:
+        """Called once this process's world of ``world_size`` has its process group."""
+
+    def model_state(self) -> dict[str, Any]:
+        """The model's whole state as the handoff and checkpoints hold it."""
+        return self.spec.model.state_dict()
+
+    def load_model_state(self, saved: Mapping[str, Any]) -> None:
+        self.spec.model.load_state_dict(saved)
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return self.spec.optimizer.state_dict()
+
+    def load_optimizer_state(self, saved: Mapping[str, Any]) -> None:
+        self.spec.optimizer.load_state_dict(dict(saved))
 
     def close(self) -> None:
         """Stop background work (the data loader's processes) and unhook the parameters."""
@@ -534,6 +553,10 @@ class VirtualNodeEngine:
         # The mean is a fresh tensor: the gradients can be views of it.
         for param, offset in zip(self.params, self.gradient_offsets, strict=True):
             param.grad = gradient[offset : offset + param.numel()].view_as(param)
+        self.set_buffers(buffer_values)
+
+    def set_buffers(self, buffer_values: torch.Tensor) -> None:
+        """The step's buffers: integer ones as the virtual nodes advanced them, float ones the mean."""
         offset = 0
         with torch.no_grad():
             for buffer, advanced in zip(self.buffers, self._advanced_buffers, strict=True):

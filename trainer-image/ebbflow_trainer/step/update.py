@@ -109,8 +109,11 @@ class OptimizerStep:
 
     def judge(self, loss: float, gradient: torch.Tensor) -> Verdict:
         """Skip or not, and whether it counts; updates the loss scale. ``gradient`` is unscaled."""
+        return self.judge_finite(loss, all_finite(gradient))
+
+    def judge_finite(self, loss: float, finite_gradient: bool) -> Verdict:
+        """``judge`` where the world already counted the gradient's non-finite values (sharded)."""
         finite_loss = math.isfinite(loss)
-        finite_gradient = all_finite(gradient)
         skipped = not (finite_loss and finite_gradient)
         if self.scaler is None:
             return Verdict(skipped=skipped, counted=skipped, overflow=False)

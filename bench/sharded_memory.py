@@ -1,0 +1,193 @@
+"""What sharding saves per worker, and what it costs per step: the replicated engine against the sharded
+one (``TrainingSpec.sharding="fsdp"``) on the same causal transformer LM, worlds of 1 to ``--workers``.
+
+Every rank of a world of N (gloo on CPU, one torch thread) builds the model (``--width``,
+``--layers`` transformer blocks, vocabulary ``--vocab``) with AdamW, trains ``--steps`` fast-mode
+steps of V = 12 virtual nodes (B = 48 sequences of 64 tokens) in each engine, and counts the bytes of
+the live tensors it holds after a step: parameters, the step's gradient (the replicated engine's
+reduced message, the sharded engine's gradient pieces) and the optimizer state (AdamW's two moments),
+its own pieces only when sharded. Also timed: the median step, sharded against replicated in the
+same world (both engines run in the same processes, one after the other).
+
+Reported per world size: MiB per worker for each part, the sharded/replicated ratio of the total,
+and the step-time ratio. A JSON copy goes to ``bench/results/sharded_memory.json``.
+
+    .venv/bin/python bench/sharded_memory.py [--workers 4] [--width 512] [--layers 4] [--steps 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from ebbflow_trainer.api import TrainingSpec
+from ebbflow_trainer.launch.worker import DistCollectives
+from ebbflow_trainer.sharding import even_counts, ranges_from_counts
+from ebbflow_trainer.step.engine import VirtualNodeEngine
+from ebbflow_trainer.step.fsdp import ShardedEngine
+from engines import trainer_config, worker_step
+from processes import join_world, rank_parser, run_ranks
+from torch.distributed.tensor import DTensor
+from torch.utils.data import TensorDataset
+
+RESULTS = Path(__file__).resolve().parent / "results" / "sharded_memory.json"
+V, B, CONTEXT = 12, 48, 64
+MIB = 1 << 20
+
+
+class LM(torch.nn.Module):
+    def __init__(self, args: argparse.Namespace):
+        super().__init__()
+        self.embed = torch.nn.Embedding(args.vocab, args.width)
+        layer = torch.nn.TransformerEncoderLayer(
+            args.width, 8, dim_feedforward=4 * args.width, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.blocks = torch.nn.TransformerEncoder(layer, args.layers, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(args.width, args.vocab)
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(CONTEXT)
+        self.register_buffer("mask", mask, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        hidden = self.blocks(self.embed(tokens), mask=self.mask, is_causal=True)
+        logits: torch.Tensor = self.head(hidden)
+        return logits
+
+
+def _loss(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
+    (tokens,) = batch
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+def _spec(args: argparse.Namespace, sharded: bool) -> TrainingSpec:
+    torch.manual_seed(0)
+    model = LM(args)
+    tokens = torch.randint(0, args.vocab, (4 * B, CONTEXT + 1), generator=torch.Generator().manual_seed(1))
+    spec = TrainingSpec(
+        model=model,
+        optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+        dataset=TensorDataset(tokens),
+        loss_fn=_loss,
+    )
+    if sharded:
+        spec.sharding = "fsdp"
+        spec.shard_modules = list(model.blocks.layers)
+    return spec
+
+
+def _local_bytes(tensor: torch.Tensor) -> int:
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return local.numel() * local.element_size()
+
+
+def _held(engine: VirtualNodeEngine, message: torch.Tensor, sharded: bool) -> dict[str, float]:
+    """MiB of this rank's parameters, step gradient and optimizer state after ``reduce_step``."""
+    spec = engine.spec
+    params = sum(_local_bytes(p) for p in spec.model.parameters())
+    if sharded:
+        gradient = sum(_local_bytes(p.grad) for p in spec.model.parameters() if p.grad is not None)
+    else:
+        gradient = message.numel() * message.element_size()
+    optimizer = sum(
+        _local_bytes(value)
+        for state in spec.optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor) and value.dim() > 0
+    )
+    return {"parameters": params / MIB, "gradient": gradient / MIB, "optimizer": optimizer / MIB}
+
+
+def _measure(args: argparse.Namespace, sharded: bool) -> dict[str, Any]:
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    config = trainer_config(
+        max_replicas=args.workers,
+        virtual_nodes=V,
+        global_batch_size=B,
+        mode="fast",
+        checkpoint_path="/unused",
+    )
+    spec = _spec(args, sharded)
+    engine: VirtualNodeEngine = (ShardedEngine if sharded else VirtualNodeEngine)(spec, config)
+    engine.join_world(world_size)
+    comm = DistCollectives(torch.device("cpu"))
+    worker_step(engine, rank, world_size, comm)(0)  # warm-up: the optimizer state exists from here on
+    mine = ranges_from_counts(even_counts(V, world_size))[rank]
+    seconds, held = [], {}
+    for number in range(1, args.steps + 1):
+        dist.barrier()
+        started = time.perf_counter()
+        message, _ = engine.reduce_step(
+            number, mine, rank=rank, world_size=world_size, leave=lambda: False, comm=comm
+        )
+        held = _held(engine, message, sharded)
+        engine.apply(message, world_size)
+        seconds.append(time.perf_counter() - started)
+    engine.close()
+    return {"held": held, "step_seconds": statistics.median(seconds)}
+
+
+def _rank(args: argparse.Namespace) -> None:
+    join_world(args.rank, args.workers, args.port)
+    rows = {"replicated": _measure(args, sharded=False), "sharded": _measure(args, sharded=True)}
+    gathered: list[Any] = [None] * args.workers
+    dist.all_gather_object(gathered, rows)
+    if args.rank == 0:
+        with open(args.out, "a") as out:
+            print(json.dumps({"world": args.workers, "ranks": gathered}), file=out)
+    dist.destroy_process_group()
+
+
+def _report(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    table = []
+    print(f"{'N':>2} {'engine':>10} {'params':>8} {'grad':>8} {'optim':>8} {'total MiB':>10} {'step s':>7}")
+    for line in lines:
+        world, ranks = line["world"], line["ranks"]
+        totals = {}
+        for engine in ("replicated", "sharded"):
+            # The largest rank: torch.chunk gives the first ranks the larger pieces.
+            held = max((r[engine]["held"] for r in ranks), key=lambda h: sum(h.values()))
+            step = max(r[engine]["step_seconds"] for r in ranks)
+            totals[engine] = (sum(held.values()), step)
+            print(
+                f"{world:>2} {engine:>10} {held['parameters']:>8.2f} {held['gradient']:>8.2f} "
+                f"{held['optimizer']:>8.2f} {totals[engine][0]:>10.2f} {step:>7.3f}"
+            )
+        memory_ratio = totals["sharded"][0] / totals["replicated"][0]
+        time_ratio = totals["sharded"][1] / totals["replicated"][1]
+        print(f"   sharded/replicated: memory {memory_ratio:.3f}, step time {time_ratio:.2f}")
+        table.append({"world": world, "ranks": ranks, "memory_ratio": memory_ratio, "time_ratio": time_ratio})
+    return {"worlds": table}
+
+
+def main() -> None:
+    parser = rank_parser(__doc__.splitlines()[0], workers=4)
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    if args.rank is not None:
+        _rank(args)
+        return
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    lines_file = RESULTS.with_suffix(".jsonl")
+    lines_file.unlink(missing_ok=True)
+    shape = ["--width", str(args.width), "--layers", str(args.layers), "--vocab", str(args.vocab)]
+    for world in range(1, args.workers + 1):
+        arguments = [*shape, "--steps", str(args.steps), "--workers", str(world), "--out", str(lines_file)]
+        run_ranks(__file__, arguments, world)
+    lines = [json.loads(line) for line in lines_file.read_text().splitlines()]
+    report = _report(lines)
+    RESULTS.write_text(json.dumps({"arguments": vars(args), **report}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

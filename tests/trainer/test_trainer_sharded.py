@@ -1,0 +1,156 @@
+"""Trainer tier: sharded training (``TrainingSpec.sharding="fsdp"``, FSDP2 over gloo on CPU) through
+the membership changes the replicated engine goes through, against the calm one-worker reference.
+
+A sharded world re-forms from the whole state its workers gather at the step boundary where it
+stops (a join, a graceful leave), so no step is lost; a worker killed takes its shard with it, so the
+survivors resume from the durable checkpoint. Fast mode, so the final parameters match the reference
+within float rounding (the reduce-scatters add in another order than one worker does).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ebbflow_api import contract
+from ebbflow_devtools.testing.trainer_cluster import SHARDED_DIGITS, Job, Node, parameters_of, running_job
+
+SLOW_STEPS = ["--simulated-vnode-seconds", "0.02"]
+CHECKPOINT_EVERY = 20
+# Runs measure 4.5-4.8e-7 after 200 steps, as fast mode does replicated.
+TOLERANCE = 1e-6
+
+
+def _generations(nodes: list[Node]) -> list[dict[str, Any]]:
+    return [g for n in nodes for g in n.events("generation")]
+
+
+def _steps_in(nodes: list[Node], generation: int) -> list[int]:
+    return [r["step"] for n in nodes for r in n.events("step") if r["generation"] == generation]
+
+
+def _assert_close(final: dict[str, Any], reference: dict[str, Any], history: str) -> None:
+    ours, theirs = parameters_of(final), parameters_of(reference)
+    assert ours.keys() == theirs.keys()
+    flat_ours = torch.cat([ours[name].flatten() for name in sorted(ours)])
+    flat_theirs = torch.cat([theirs[name].flatten() for name in sorted(theirs)])
+    relative = float((flat_ours - flat_theirs).norm() / flat_theirs.norm())
+    assert relative <= TOLERANCE, f"relative difference {relative:.3e}; worlds {history}"
+
+
+def _history(nodes: list[Node]) -> str:
+    worlds = {(g["generation"], g["world"], g["step"], g["source"]) for g in _generations(nodes)}
+    return str(sorted(worlds))
+
+
+def _sharded_job(tmp_path: Path) -> Any:
+    interval = {contract.ENV_CHECKPOINT_INTERVAL_STEPS: str(CHECKPOINT_EVERY)}
+    return running_job(
+        tmp_path,
+        min_replicas=2,
+        max_replicas=3,
+        mode="fast",
+        script=SHARDED_DIGITS,
+        extra_args=SLOW_STEPS,
+        env=interval,
+    )
+
+
+def test_a_sharded_world_grows_and_shrinks_gracefully_without_losing_a_step(
+    tmp_path: Path, calm_reference: dict[str, Any]
+) -> None:
+    with _sharded_job(tmp_path) as job:
+        first = job.start_held(2)
+        job.wait_for_world(first[0], 2, min_step=5)
+        (newcomer,) = job.start_held(1, running=tuple(first))
+        nodes = [*first, newcomer]
+        job.wait_for_world(newcomer, 3, min_step=10)
+        (joined,) = [g for g in newcomer.events("generation") if g["world"] == 3]
+        assert joined["source"] == "peer", _history(nodes)
+        olds = {g["generation"] for g in _generations(first) if g["world"] == 2}
+        assert joined["step"] == max(s for g in olds for s in _steps_in(first, g)), _history(nodes)
+
+        # Three workers, four virtual nodes: two of them run a padding pass every step.
+        leaver = next(n for n in nodes if n.last_step()["world"] == 3 and n.last_step()["rank"] == 1)
+        leaver.terminate()
+        assert leaver.process.wait(timeout=60) == contract.EXIT_SUCCESS, job.logs()
+        left = leaver.events("left")[-1]
+        survivors = [n for n in nodes if n is not leaver]
+        assert job.wait_all(survivors, 300) == [0, 0], job.logs()
+        after = [g for g in _generations(survivors) if g["step"] >= left["step"] and g["world"] == 2]
+        assert after and {g["source"] for g in after} <= {"memory", "peer"}, _history(nodes)
+        assert min(g["step"] for g in after) == left["step"], _history(nodes)
+        final = job.final_checkpoint()
+        assert final["step"] == job.steps
+    _assert_close(final, calm_reference, _history(nodes))
+
+
+def test_a_sharded_worker_killed_takes_its_shard_so_the_world_resumes_from_the_checkpoint(
+    tmp_path: Path, calm_reference: dict[str, Any]
+) -> None:
+    """The world grew (its handoffs hold the state at the join) and trained on past a checkpoint
+    before the kill: the survivors resume from that checkpoint, not from the older handoff."""
+    with _sharded_job(tmp_path) as job:
+        first = job.start_held(2)
+        job.wait_for_world(first[0], 2, min_step=5)
+        (newcomer,) = job.start_held(1, running=tuple(first))
+        nodes = [*first, newcomer]
+        job.wait_for_world(newcomer, 3, min_step=1)
+        (joined,) = [g for g in newcomer.events("generation") if g["world"] == 3]
+        job.wait_for_world(newcomer, 3, min_step=joined["step"] + CHECKPOINT_EVERY + 5)
+        victim = next(n for n in nodes if n.last_step()["world"] == 3 and n.last_step()["rank"] == 1)
+        killed_after = max(r["step"] for n in nodes for r in n.events("step"))
+        victim.kill_tree()
+        survivors = [n for n in nodes if n is not victim]
+        assert job.wait_all(survivors, 300) == [0, 0], job.logs()
+        # Gloo's error out of FSDP2's collective was read as the world breaking, not as a crash.
+        logs = [n.log.read_text(errors="replace") for n in survivors]
+        assert all("holds only its shard" in log for log in logs), job.logs()
+        resumed = [g for g in _generations(survivors) if g["generation"] > joined["generation"]]
+        first_after = min(g["generation"] for g in resumed)
+        starts = {(g["world"], g["source"], g["step"]) for g in resumed if g["generation"] == first_after}
+        ((world, source, step),) = starts
+        assert (world, source) == (2, "checkpoint"), _history(nodes)
+        assert step % CHECKPOINT_EVERY == 0 and joined["step"] < step <= killed_after + 1, _history(nodes)
+        final = job.final_checkpoint()
+        assert final["step"] == job.steps
+    _assert_close(final, calm_reference, _history(nodes))
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        pytest.param(["--mode", "deterministic"], "--mode=fast", id="deterministic-mode"),
+        pytest.param(["--mode", "fast"], contract.ENV_BATCHING, id="dynamic-batching"),
+    ],
+)
+def test_a_sharded_job_with_a_setting_it_cannot_honour_fails_fast(
+    tmp_path: Path, arguments: list[str], named: str
+) -> None:
+    job = Job(
+        root=tmp_path, max_replicas=4, port=29400, batching="dynamic" if "fast" in arguments else "static"
+    )
+    message = tmp_path / "termination-log"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ebbflow_trainer",
+            "run",
+            SHARDED_DIGITS,
+            "--state-dir",
+            str(tmp_path),
+            *arguments,
+        ],
+        env=job.environment(**{contract.ENV_TERMINATION_MESSAGE_PATH: str(message)}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == contract.EXIT_INVALID_CONFIG, result.stderr
+    assert 'TrainingSpec.sharding="fsdp"' in result.stderr and named in result.stderr, result.stderr
+    assert named in message.read_text()
