@@ -9,6 +9,7 @@ within float rounding (the reduce-scatters add in another order than one worker 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,14 @@ from typing import Any
 
 import torch
 from ebbflow_api import contract
-from ebbflow_devtools.testing.trainer_cluster import SHARDED_DIGITS, Job, Node, parameters_of, running_job
+from ebbflow_devtools.testing.trainer_cluster import (
+    HELD_DIGITS,
+    SHARDED_DIGITS,
+    Job,
+    Node,
+    parameters_of,
+    running_job,
+)
 
 SLOW_STEPS = ["--simulated-vnode-seconds", "0.02"]
 CHECKPOINT_EVERY = 20
@@ -118,6 +126,32 @@ def test_a_sharded_worker_killed_takes_its_shard_so_the_world_resumes_from_the_c
         final = job.final_checkpoint()
         assert final["step"] == job.steps
     _assert_close(final, calm_reference, _history(nodes))
+
+
+def test_a_checkpoint_moves_between_replicated_and_sharded_training(
+    tmp_path: Path, calm_reference: dict[str, Any]
+) -> None:
+    """The state's format is the same either way (whole tensors, the optimizer's by parameter index):
+    one replicated worker trains to step 80, two sharded workers resume from its checkpoint to 140,
+    one replicated worker resumes from theirs to 200, and the run ends where a calm one does."""
+    phases = [(HELD_DIGITS, 1, 80), (SHARDED_DIGITS, 2, 140), (HELD_DIGITS, 1, 200)]
+    previous: Path | None = None
+    for index, (script, workers, steps) in enumerate(phases):
+        root = tmp_path / f"phase-{index}"
+        root.mkdir()
+        if previous is not None:
+            shutil.copytree(previous, root / "checkpoints")
+        with running_job(
+            root, min_replicas=workers, max_replicas=workers, mode="fast", script=script, steps=steps
+        ) as job:
+            nodes = [job.start_node() for _ in range(workers)]
+            assert job.wait_all(nodes, 300) == [0] * workers, job.logs()
+            (start,) = {(g["source"], g["step"]) for g in _generations(nodes)}
+            assert start == (("checkpoint", phases[index - 1][2]) if index else ("fresh", 0)), job.logs()
+            final = job.final_checkpoint()
+            assert final["step"] == steps
+            previous = job.checkpoint_dir
+    _assert_close(final, calm_reference, "replicated to 80, sharded to 140, replicated to 200")
 
 
 def test_a_sharded_job_in_deterministic_mode_fails_fast_naming_the_fix(tmp_path: Path) -> None:
