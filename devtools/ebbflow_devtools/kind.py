@@ -186,14 +186,16 @@ class Kind:
 
     def bring_node_back(self, node: str, timeout: float = 300, gpus: int = GPUS_PER_WORKER_NODE) -> None:
         """A node joins again: the same container's kubelet registers a new Node, with fresh pod
-        networking (a new node may get another pod CIDR, so the old bridge and addresses go) and
+        networking (a new node may get another pod CIDR, so the old bridge, addresses and CNI
+        configuration go: the node is NotReady until flannel serves it again, as a new one is) and
         every pod's containers gone: a returned spot node is a new machine, so its agents (flannel,
         kube-router, the device plugin) start afresh instead of running on across the return with
         what they knew of the old node (stopping the kubelet alone left them running)."""
         reset = (
             "systemctl stop kubelet; crictl rmp --force --all >/dev/null;"
             " ip link delete cni0 2>/dev/null; ip link delete flannel.1 2>/dev/null;"
-            " rm -rf /var/lib/cni/networks/* /run/flannel/subnet.env; systemctl start kubelet"
+            " rm -rf /var/lib/cni/networks/* /run/flannel/subnet.env /etc/cni/net.d/10-flannel.conflist;"
+            " systemctl start kubelet"
         )
         run("docker", "exec", node, "sh", "-c", reset, timeout=120)
         poll(lambda: self.gpus_advertised((node,), gpus), timeout, f"{node} Ready with its GPUs again")

@@ -229,7 +229,7 @@ def _check_spec(config: TrainerConfig) -> None:
     from ebbflow_trainer.api import SpecError, load_spec
     from ebbflow_trainer.config import ConfigError
     from ebbflow_trainer.lr_scaling import momentum_correction_problem
-    from ebbflow_trainer.step.fsdp import sharding_problem
+    from ebbflow_trainer.step.selection import sharding_problem
 
     try:
         spec = load_spec(config.spec)

@@ -4,6 +4,8 @@ settings a sharded job cannot honour yet (refused before joining), each naming t
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -11,7 +13,8 @@ import torch
 from ebbflow_api import contract
 from ebbflow_devtools.testing.trainer_config import trainer_config
 from ebbflow_trainer.api import SpecError, TrainingSpec
-from ebbflow_trainer.step.fsdp import raised_by_a_collective, sharding_problem
+from ebbflow_trainer.step.fsdp import raised_by_a_collective
+from ebbflow_trainer.step.selection import sharding_problem
 from torch.utils.data import TensorDataset
 
 
@@ -101,3 +104,13 @@ def test_only_errors_out_of_a_collective_re_form_the_world() -> None:
         users_bug()
     assert not raised_by_a_collective(raised.value)
     assert raised_by_a_collective(torch.distributed.DistBackendError("peer gone"))
+
+
+def test_a_replicated_worker_and_the_spec_check_never_import_fsdp() -> None:
+    # FSDP's import costs every worker's and launcher's start about 3 s of CPU (selection's docstring).
+    probe = (
+        "import sys, ebbflow_trainer.__main__, ebbflow_trainer.launch.worker, ebbflow_trainer.step.selection;"
+        "print(sorted(m for m in sys.modules if m.startswith('torch.distributed.fsdp')))"
+    )
+    imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "[]", imported.stdout

@@ -43,7 +43,7 @@ from ebbflow_trainer.launch.rendezvous import connect, generation_store
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
 from ebbflow_trainer.step import memory_budget
 from ebbflow_trainer.step.engine import ReductionFailed, Requests, StepResult
-from ebbflow_trainer.step.fsdp import engine_for
+from ebbflow_trainer.step.selection import engine_for
 from ebbflow_trainer.termination import write_termination_message
 
 EXIT_REFORM = 75

@@ -11,7 +11,7 @@ Invariants: the step's extras (float buffers, the loss, the count of non-finite 
 shards' squared norms, compute times, the leave flag, rank 0's requests) travel in one float64
 all-reduce, so every worker reaches the same skip, clip and switch decisions; reading or loading the
 state is collective (``collective_state``): whole tensors are gathered for the handoff and the
-checkpoint, and each worker keeps its own piece on restore. Refused at start: ``sharding_problem``.
+checkpoint, and each worker keeps its own piece on restore. Refused at start: ``selection.sharding_problem``.
 Design and what comes next: docs/design/sharded.md.
 """
 
@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from ebbflow_api import contract
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
@@ -44,41 +43,6 @@ from ebbflow_trainer.step.engine import (
 
 # The extras' fixed values after the float buffers: the loss sum, the non-finite count, the squared norm.
 LOSS, NONFINITE, SQUARED_NORM = range(3)
-
-
-def sharding_problem(spec: TrainingSpec, config: TrainerConfig) -> str | None:
-    """Why this job cannot train sharded yet (naming the setting and the fix), or None."""
-    if spec.sharding == "none":
-        return None
-    if config.mode == "deterministic":
-        return (
-            "--mode=deterministic needs whole gradients to sum exactly; a sharded job trains in fast "
-            "mode: pass --mode=fast"
-        )
-    if config.batching == "dynamic":
-        return f"{contract.ENV_BATCHING}=dynamic (spec.batching): a sharded job has static batching"
-    if config.lr_scaling == "adascale":
-        return (
-            f"{contract.ENV_LR_SCALING}=adascale (spec.lrScaling) needs each virtual node's whole "
-            "gradient: use linear, sqrt or none with a sharded job"
-        )
-    if config.band_limit:
-        return f"{contract.ENV_BAND_LIMIT}=true (spec.bandLimit): leave bandLimit unset for a sharded job"
-    if not config.checkpoint_path:
-        return (
-            f"{contract.ENV_CHECKPOINT_PATH} (spec.checkpoint.path) is empty: a sharded job needs a "
-            "durable checkpoint, because a worker that dies takes the only copy of its shard"
-        )
-    return None
-
-
-def engine_for(
-    spec: TrainingSpec, config: TrainerConfig, *, message_device: torch.device
-) -> VirtualNodeEngine:
-    """The engine for the spec's sharding."""
-    if spec.sharding == "fsdp":
-        return ShardedEngine(spec, config, message_device=message_device)
-    return VirtualNodeEngine(spec, config, message_device=message_device)
 
 
 class ShardedEngine(VirtualNodeEngine):
