@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import math
 import shutil
@@ -55,6 +56,8 @@ from ebbflow_devtools.builders import JobBuilder
 from ebbflow_devtools.kind import (
     E2E_NAMESPACE,
     REPO,
+    RESTRICTED_CONTAINER_CONTEXT,
+    RESTRICTED_POD_CONTEXT,
     TRAINER_IMAGE,
     WORKERS,
     Kind,
@@ -95,6 +98,13 @@ def _shared_volume(run_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return volume, {"name": "shared", "mountPath": f"/shared/{run_name}"}
 
 
+def _restricted(pod: dict[str, Any]) -> None:
+    """The pod spec meets the `restricted` Pod Security standard its namespace enforces."""
+    pod["securityContext"] = copy.deepcopy(RESTRICTED_POD_CONTEXT)
+    for container in pod["containers"]:
+        container["securityContext"] = copy.deepcopy(RESTRICTED_CONTAINER_CONTEXT)
+
+
 class Ebbflow:
     name = "ebbflow"
 
@@ -117,6 +127,7 @@ class Ebbflow:
         container["command"] += ["--progress-interval", "1", "--journal", f"/shared/{job}/$(POD_NAME).jsonl"]
         container["env"] = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
         container["volumeMounts"], pod["volumes"] = [mount], [volume]
+        _restricted(pod)
         # Durable checkpoints on the shared volume too (every 1,000 steps by default): what a job whose
         # every worker died would resume from. The disruptions here never need them.
         manifest["spec"]["checkpoint"] = {"path": f"/shared/{job}/checkpoints"}
@@ -174,11 +185,9 @@ class Kubeflow:
             "resources": {"limits": {"nvidia.com/gpu": 1}},
             "volumeMounts": [mount],
         }
-        worker = {
-            "replicas": MAX_WORKERS,
-            "restartPolicy": "OnFailure",
-            "template": {"spec": {"containers": [container], "volumes": [volume]}},
-        }
+        pod = {"containers": [container], "volumes": [volume]}
+        _restricted(pod)
+        worker = {"replicas": MAX_WORKERS, "restartPolicy": "OnFailure", "template": {"spec": pod}}
         return {
             "apiVersion": "kubeflow.org/v1",
             "kind": "PyTorchJob",

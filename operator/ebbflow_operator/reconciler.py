@@ -16,6 +16,7 @@ first, deletions before creations) and nothing else is written when the status w
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -34,7 +35,7 @@ from .decision.decide import KueueObjects, OperatorConfig, PassResult, PlanMemo,
 from .decision.kueue import parse_flavor, parse_workload
 from .decision.kueue_room import parse_cluster_queue, parse_local_queue
 from .decision.model import Job, JobKey, Json, Node, Pod, parse_job, parse_node, parse_pod
-from .decision.plan import Plan
+from .decision.plan import Plan, Refusal
 from .decision.writes import AnnotatePod, ChildKind, CreateChild, DeletePod, PatchStatus, PatchWorkload, Write
 from .errors import KubeError
 from .metrics import JobSample, Metrics
@@ -51,6 +52,9 @@ STALL_RESYNCS = 10
 # Periodic full lists take at most this share of the time: at 1,000 x 5,000 on a loaded control
 # plane one list took 30 s, and every 60 s it competed with the passes' writes for the API server.
 RELIST_SHARE = 0.05
+# A worker refused with these is refused for what it is (Pod Security, a quota, a webhook: 403; a
+# field the API server rejects: 400, 422), not for a passing state of the server.
+REFUSED_STATUSES = frozenset({400, 403, 422})
 
 
 def relist_wait(interval: float, last_list_seconds: float) -> float:
@@ -131,6 +135,9 @@ class Reconciler:
         }
         self._listed_at = 0.0
         self._memo: PlanMemo = {}  # the last pass's reusable plans (decide.PlanMemo)
+        # The latest worker the API server refused to create, by job (written by the write threads,
+        # one job each; read by the next pass, which holds back that job's new workers a while).
+        self._refusals: dict[JobKey, Refusal] = {}
         # When the last pass completed (monotonic); the start counts as one, for the liveness probe.
         self.last_pass_at = time.monotonic()
 
@@ -273,6 +280,7 @@ class Reconciler:
             policy,
             self._memo,
             self._kueue_objects(),
+            self._refusals,
         )
         self._memo = result.memo
         decided = time.monotonic()
@@ -340,12 +348,23 @@ class Reconciler:
                 self._event(job, "Warning", "ReconcileError", message, now)
                 if isinstance(write, PatchStatus):
                     return failures
+                self._note_refusal(job, write, error, now)
                 continue
+            if _creates_a_worker(write):
+                self._refusals.pop(job.key, None)
             if answer and answer.get("kind") != "Status":
                 store.apply(answer)
         for event in plan.events:
             self._event(job, event.type, event.reason, event.message, now)
         return failures
+
+    def _note_refusal(self, job: Job, write: Write, error: KubeError, now: float) -> None:
+        """A new worker the API server refused for what it is (admission, validation), not for
+        its own state: the next passes hold the job's new workers back (`Refusal`)."""
+        if _creates_a_worker(write) and error.status in REFUSED_STATUSES:
+            assert isinstance(write, CreateChild)
+            name = write.body["metadata"]["name"]
+            self._refusals[job.key] = Refusal(name, _api_message(error), now)
 
     def _execute(self, job: Job, write: Write) -> tuple[Json | None, Store[Any]]:
         """One write through `ClusterIO`, and the store its answer feeds."""
@@ -374,6 +393,24 @@ class Reconciler:
             self.io.record_event(job.namespace, job.name, job.uid, type_, reason, message, now)
         except KubeError as error:
             log.warning("%s/%s: event not recorded: %s", job.namespace, job.name, error.status)
+
+
+def _creates_a_worker(write: Write) -> bool:
+    return (
+        isinstance(write, CreateChild)
+        and write.kind == ChildKind.POD
+        and write.body["metadata"].get("labels", {}).get(contract.LABEL_ROLE) == contract.ROLE_WORKER
+    )
+
+
+def _api_message(error: KubeError) -> str:
+    """The `message` of the API server's Status answer, else its body, at most 512 characters."""
+    try:
+        answer = json.loads(error.body)
+    except ValueError:
+        answer = None
+    message = answer.get("message") if isinstance(answer, dict) else None
+    return str(message or error.body)[:512]
 
 
 def _child_key(raw: Json) -> tuple[JobKey, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from ebbflow_devtools.controlplane import ControlPlane
 from ebbflow_devtools.waiting import wait_for
 from ebbflow_operator.decision import manifests
 from ebbflow_operator.decision.model import parse_job
+from ebbflow_operator.decision.plan import PlannerConfig
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -37,6 +39,7 @@ from .operator_helpers import (
     job_manifest,
     running_operator,
     settled,
+    status,
 )
 
 pytestmark = pytest.mark.usefixtures("crd")
@@ -106,22 +109,33 @@ def test_a_restricted_namespace_admits_the_rendezvous_pod_and_compliant_workers(
 ) -> None:
     kube.core.patch_namespace(namespace, {"metadata": {"labels": RESTRICTED}})
     gpu_nodes.add(1)
-    # A template that does not meet the standard: the API server refuses its workers, and only them.
+    # A template that does not meet the standard: the API server refuses its workers, and only them;
+    # the job's status says so, names what to change, and the operator tries again only after its
+    # back-off (it used to re-plan at once, a new world generation and a refused pod each time, about
+    # ten times a second).
     create_job(kube, namespace, job_manifest("careless", 1, 1, gpu_nodes.selector))
-    wait_for(
-        lambda: any(
-            "PodSecurity" in (e.message or "") for e in events(kube, namespace, "careless", "ReconcileError")
-        ),
-        SETTLE,
-        "the careless job's worker refused by PodSecurity",
-    )
+    refused = wait_for(lambda: _refused(kube, namespace, "careless"), SETTLE, "a careless worker refused")
+    assert "PodSecurity" in refused["message"] and "spec.template" in refused["message"], refused
+    reported = events(kube, namespace, "careless", "ReconcileError")
+    assert any("PodSecurity" in (e.message or "") for e in reported)
     rendezvous = manifests.rendezvous_name("careless")
     assert kube.core.read_namespaced_pod(rendezvous, namespace).metadata.name == rendezvous
-    kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "careless")
+    generation, since = status(kube, namespace, "careless")["worldGeneration"], time.monotonic()
 
+    # The careful job's passes (its pods, its status) are passes over the careless job too.
     create_job(kube, namespace, restricted_template(job_manifest("careful", 1, 2, gpu_nodes.selector)))
     wait_for(lambda: settled(kube, namespace, "careful", 2), SETTLE, "2 workers admitted and running")
     kube.core.read_namespaced_pod(manifests.rendezvous_name("careful"), namespace)
+    retries = (time.monotonic() - since) // PlannerConfig().refusal_backoff + 1
+    assert status(kube, namespace, "careless")["worldGeneration"] <= generation + retries
+    kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "careless")
+
+
+def _refused(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    """The job's Schedulable condition once it says a worker was refused."""
+    conditions = status(kube, namespace, name).get("conditions", [])
+    refused = (c for c in conditions if c["type"] == "Schedulable" and c["reason"] == "WorkerRefused")
+    return next(refused, None)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[path.stem for path in EXAMPLES])

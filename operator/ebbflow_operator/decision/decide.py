@@ -27,7 +27,7 @@ from .capacity import cluster_capacity, eligible_nodes, matches_selector
 from .kueue import Admission, Flavor, Workload
 from .kueue_room import ClusterQueue, LocalQueue
 from .model import Job, JobKey, Node, Pod, parse_toleration
-from .plan import TERMINAL_PHASES, Observed, Plan, PlannerConfig
+from .plan import TERMINAL_PHASES, Observed, Plan, PlannerConfig, Refusal
 from .planner import hold_cap, plan_job
 
 
@@ -73,6 +73,7 @@ class ObservedValues:
     global_batch: int | None
     moves: tuple[str, ...]
     admission: Admission | None  # also what other jobs of its ClusterQueue leave it (kueue_room.py)
+    refused: Refusal | None
 
 
 @dataclass(frozen=True)
@@ -125,10 +126,12 @@ def decide(
     policy: Policy,
     memo: PlanMemo | None = None,
     kueue_objects: KueueObjects | None = None,
+    refusals: Mapping[JobKey, Refusal] | None = None,
 ) -> PassResult:
     """Observed state in, plans out: capacity, then allocation across jobs, then each job's plan
     (from `memo`, the previous pass's `PassResult.memo`, where its inputs are the same).
-    `kueue_objects`: what the cache holds of Kueue's objects (with `config.kueue`)."""
+    `kueue_objects`: what the cache holds of Kueue's objects (with `config.kueue`); `refusals`: the
+    latest worker the API server refused to create, by job (those older than the back-off lapse)."""
     by_name = {node.name: node for node in nodes}
     selected = [node for node in nodes if matches_selector(node, config.node_selector)]
     job_pods: dict[JobKey, list[Pod]] = defaultdict(list)
@@ -177,6 +180,7 @@ def decide(
             global_batch=allocation.global_batch.get(job.key),
             moves=allocation.moves.get(job.key, ()),
             admission=admissions.get(job.key),
+            refused=_recent((refusals or {}).get(job.key), now, config.planner.refusal_backoff),
         )
         inputs = _plan_inputs(job, observed, slices.get(job.key, ()))
         previous = (memo or {}).get(job.key)
@@ -220,6 +224,7 @@ def _plan_inputs(job: Job, observed: Observed, workloads: tuple[Workload, ...]) 
         observed.global_batch,
         observed.moves,
         observed.admission,
+        observed.refused,
     )
     nodes = observed.nodes
     located = tuple(nodes.get(n) if n else None for n in named)
@@ -236,7 +241,13 @@ def _timeless(plan: Plan, observed: Observed) -> bool:
         and plan.job.status.hold_replicas is None
         and all(p.node is not None for p in observed.pods)
         and not waiting_for_room  # its deadline may pass (kueue_room.ROOM_DEADLINE_S)
+        and observed.refused is None  # its back-off lapses
     )
+
+
+def _recent(refusal: Refusal | None, now: float, backoff: float) -> Refusal | None:
+    """`refusal` while its back-off lasts: until then no new worker of the job is created."""
+    return refusal if refusal is not None and now - refusal.at < backoff else None
 
 
 def _frozen(job: Job, workers: list[Pod]) -> bool:

@@ -181,10 +181,18 @@ def readiness(
 def schedulable(
     job: Job, target: int, hold: Hold | None, observed: Observed, config: PlannerConfig
 ) -> ConditionUpdate:
-    """The Schedulable condition: the size allocated, or why the job has no workers (Kueue has not
-    admitted it, a pending timeout held it below its minimum, or too few GPUs are free on the
-    nodes it may use)."""
+    """The Schedulable condition: the size allocated, or why the job has no workers (the API server
+    refused one, Kueue has not admitted it, a pending timeout held it below its minimum, or too few
+    GPUs are free on the nodes it may use)."""
     spec = job.spec
+    if observed.refused is not None:
+        refused = observed.refused
+        message = (
+            f"the API server refused to create worker {refused.pod}: {refused.message}; change "
+            f"spec.template (or the namespace's policy) to comply; tried again "
+            f"no sooner than {config.refusal_backoff:.0f} s after {format_time(refused.at)}"
+        )
+        return ConditionUpdate(SCHEDULABLE, False, "WorkerRefused", message)
     if target > 0:
         message = f"{target} worker(s) allocated in [{spec.replicas.min}, {spec.replicas.max}]"
         return ConditionUpdate(SCHEDULABLE, True, "Allocated", message)

@@ -34,9 +34,21 @@ class RescaleReason(StrEnum):
 @dataclass(frozen=True)
 class PlannerConfig:
     pending_timeout: float = 120.0  # seconds the scheduler may refuse a worker before it is withdrawn
+    # After the API server refused a new worker (admission: Pod Security, a quota, a webhook), no
+    # worker of the job is created for this long: a refusal repeats until someone changes something.
+    refusal_backoff: float = 30.0
     hold_seconds: float = 300.0  # after a withdrawal the job grows no further for this long
     # ServiceAccount of workers whose template names none, by namespace ("" = every namespace).
     trainer_service_accounts: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The API server refused to create one of the job's workers (the reconciler's record)."""
+
+    pod: str
+    message: str  # the API server's words: which policy, which field
+    at: float  # POSIX seconds
 
 
 @dataclass(frozen=True)
@@ -139,6 +151,7 @@ class Observed:
     global_batch: int | None = None  # the policy's B for the job (None: the policy keeps B)
     moves: tuple[str, ...] = ()  # the policy's node once per new worker there (Allocation.moves)
     admission: Admission | None = None  # what Kueue admits of a queued job (None: not queued)
+    refused: Refusal | None = None  # a new worker refused within PlannerConfig.refusal_backoff
 
 
 @dataclass(frozen=True)

@@ -365,14 +365,17 @@ def _keep_a_state_holder(chosen: list[Pod], remaining: list[Pod], order: Callabl
 def resize(job: Job, active: Sequence[Pod], target: int, disrupted: bool, observed: Observed) -> Sizing:
     """Brings `active` to `target`: deletes the victims (bound ones get their leave grace) or adds new
     workers; or, when the policy moves the job onto one node, deletes its workers elsewhere
-    (`movers`) and adds new ones pinned there. A new world generation starts when the set of
-    workers changes (`disrupted`: it already did this pass), so that every worker of one world
-    carries the same number."""
+    (`movers`) and adds new ones pinned there; adds none while a refused worker's back-off lasts
+    (`Observed.refused`). A new world generation starts when the set of workers changes
+    (`disrupted`: it already did this pass), so that every worker of one world carries the same
+    number."""
     moving = movers(active, target, disrupted, observed.moves)
     chosen = moving or victims(active, len(active) - target, observed.nodes)
     why = "move onto one node" if moving else "scale down"
     staying = tuple(p for p in active if p not in chosen)
-    missing = max(0, target - len(staying))
+    # While a refused worker's back-off lasts none is created: the workers do not change, and
+    # neither does the generation (a pass that changes nothing writes nothing).
+    missing = 0 if observed.refused is not None else max(0, target - len(staying))
     generation = (job.status.world_generation or 0) + int(disrupted or bool(chosen) or missing > 0)
     grace = job.spec.leave_grace_seconds
     return Sizing(

@@ -385,3 +385,48 @@ def test_band_limited_workers_are_created_with_the_budget_and_told_its_changes()
         ("train-worker-1", "uid-train-1", {contract.ANNOTATION_GLOBAL_BATCH_SIZE: "128"}),
         ("train-worker-0", "uid-train-0", {contract.ANNOTATION_MEMORY_BUDGET: "20480"}),
     ]
+
+
+REFUSED_BODY = '{"kind":"Status","message":"pods \\"train-worker-4\\" is forbidden: violates PodSecurity"}'
+
+
+@pytest.mark.parametrize(
+    ("fail", "refused"),
+    [
+        pytest.param(
+            {"create_pod train-worker-4": KubeError(403, "Forbidden", REFUSED_BODY)},
+            ("train-worker-4", 'pods "train-worker-4" is forbidden: violates PodSecurity'),
+            id="worker-refused-by-admission",
+        ),
+        pytest.param(
+            {"create_pod train-worker-4": KubeError(422, "Unprocessable Entity", "not json")},
+            ("train-worker-4", "not json"),
+            id="worker-invalid",
+        ),
+        pytest.param(
+            {"create_pod train-worker-4": KubeError(500, "Internal Server Error", REFUSED_BODY)},
+            None,
+            id="server-error-is-not-a-refusal",
+        ),
+        pytest.param(
+            {f"create_pod {RDZV}": KubeError(403, "Forbidden", REFUSED_BODY)}, None, id="not-a-worker"
+        ),
+        pytest.param({}, None, id="created"),
+    ],
+)
+def test_a_worker_refused_for_what_it_is_is_recorded_for_the_next_pass(
+    fail: dict[str, KubeError], refused: tuple[str, str] | None
+) -> None:
+    loop = reconciler(FakeCluster(fail))
+    loop._apply(FULL)
+    recorded = loop._refusals.get(JOB.key)
+    assert (None if recorded is None else (recorded.pod, recorded.message)) == refused
+
+
+def test_a_worker_created_clears_the_jobs_refusal() -> None:
+    loop = reconciler(FakeCluster({"create_pod train-worker-4": KubeError(403, "Forbidden", REFUSED_BODY)}))
+    loop._apply(FULL)
+    assert JOB.key in loop._refusals
+    loop.io = FakeCluster()
+    loop._apply(FULL)
+    assert JOB.key not in loop._refusals

@@ -18,7 +18,7 @@ from ebbflow_devtools.builders import (
 from ebbflow_operator.decision.allocator import PriorityFairShare
 from ebbflow_operator.decision.decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
 from ebbflow_operator.decision.model import Job, JobKey, Node, Pod
-from ebbflow_operator.decision.plan import Deletion, Event, Plan
+from ebbflow_operator.decision.plan import Deletion, Event, Plan, Refusal
 
 NOW = 1_000_000.0
 
@@ -231,6 +231,28 @@ def test_plans_that_wait_on_the_clock_are_not_remembered(
     result = decide_pass(nodes, pods, jobs)
     assert ("ns", "b") not in result.memo
     assert ("ns", "a") in result.memo
+
+
+@pytest.mark.parametrize(
+    ("refused_ago", "creates"),
+    [
+        pytest.param(10.0, 0, id="within-the-back-off"),
+        pytest.param(31.0, 1, id="back-off-lapsed"),
+        pytest.param(None, 1, id="never-refused"),
+    ],
+)
+def test_a_refused_worker_holds_back_its_jobs_new_workers_for_the_back_off(
+    refused_ago: float | None, creates: int
+) -> None:
+    nodes, pods, jobs = settled_world()
+    pods = [p for p in pods if p.name != "b-worker-1"]  # b is a worker short
+    refusal = None if refused_ago is None else Refusal("b-worker-1", "forbidden", NOW - refused_ago)
+    refusals = {} if refusal is None else {("ns", "b"): refusal}
+    config, policy = OperatorConfig(), PriorityFairShare()
+    result = decide(nodes, pods, jobs, SERVICES, POLICIES, NOW, config, policy, refusals=refusals)
+    b_plan = result.plans[1]
+    assert len(b_plan.create_workers) == creates
+    assert ("ns", "b") not in result.memo  # it waits on the clock: the back-off, or its new worker
 
 
 # --- this_pass: the writes one pass applies ------------------------------------------------------

@@ -18,7 +18,7 @@ from ebbflow_operator.decision.model import (
     Taint,
     format_time,
 )
-from ebbflow_operator.decision.plan import Observed, Plan, PlannerConfig
+from ebbflow_operator.decision.plan import Observed, Plan, PlannerConfig, Refusal
 from ebbflow_operator.decision.planner import plan_job
 
 CONFIG = PlannerConfig(pending_timeout=60, hold_seconds=300)
@@ -289,6 +289,30 @@ def test_below_min_the_job_waits_with_a_reason() -> None:
     [schedulable] = [c for c in result.status["conditions"] if c["type"] == "Schedulable"]
     assert schedulable["status"] == "False" and schedulable["reason"] == "InsufficientGPUs"
     assert "min 3" in schedulable["message"]
+
+
+POD_SECURITY = 'pods "j-worker-1" is forbidden: violates PodSecurity "restricted:latest": runAsNonRoot'
+
+
+def test_a_refused_worker_holds_back_new_workers_and_the_generation_and_says_why() -> None:
+    """While a refused worker's back-off lasts (decide's filter), a pass creates no worker, so the
+    status it writes is the one the last pass wrote: no write, no watch event, no next pass."""
+    pods = [worker(0)]
+    refusal = Refusal("j-worker-1", POD_SECURITY, NOW)
+    policies = frozenset({"j-pods"})
+    refused = Observed([*pods, RDZV], SERVICES, NODES, 3, 3, network_policies=policies, refused=refusal)
+    first = plan_job(job(status=running_status(pods, 3)), refused, NOW, CONFIG)
+    assert first.create_workers == ()
+    assert first.status["worldGeneration"] == 1
+    [schedulable] = [c for c in first.status["conditions"] if c["type"] == "Schedulable"]
+    assert (schedulable["status"], schedulable["reason"]) == ("False", "WorkerRefused")
+    assert "j-worker-1" in schedulable["message"] and "runAsNonRoot" in schedulable["message"]
+    assert "spec.template" in schedulable["message"]
+    again = plan_job(job(status=first.status), refused, NOW + 1, CONFIG)
+    assert again.status_patch == {} and not again.has_work
+    lapsed = plan_job(job(status=first.status), replace(refused, refused=None), NOW + 31, CONFIG)
+    assert [index for index, _ in lapsed.create_workers] == [1, 2]
+    assert lapsed.status["worldGeneration"] == 2
 
 
 def test_pending_timeout_withdraws_and_holds_the_size() -> None:
