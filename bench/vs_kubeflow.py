@@ -58,6 +58,7 @@ from ebbflow_devtools.kind import (
     REPO,
     RESTRICTED_CONTAINER_CONTEXT,
     RESTRICTED_POD_CONTEXT,
+    SHARED_VOLUMES,
     TRAINER_IMAGE,
     WORKERS,
     Kind,
@@ -66,11 +67,15 @@ from ebbflow_devtools.kind import (
     run,
     set_up,
 )
+from ebbflow_devtools.kind_jobs import example
 from ebbflow_devtools.waiting import wait_for
 from ebbflow_operator.decision.manifests import rendezvous_name
 
 NAMESPACE = E2E_NAMESPACE
-SHARED = REPO / ".cluster" / "shared"  # /shared on every kind worker (hack/kind/cluster.yaml)
+# The host's side of the claim every job's pods mount (a hostPath PersistentVolume on /shared/volumes
+# of every kind worker: the namespace's `restricted` Pod Security refuses an inline hostPath volume).
+SHARED = SHARED_VOLUMES
+CLAIM = "vs-kubeflow"
 RESULTS = REPO / "bench" / "results" / "vs-kubeflow"
 VIRTUAL_NODES, SAMPLES_PER_VNODE = 6, 64
 GLOBAL_BATCH = VIRTUAL_NODES * SAMPLES_PER_VNODE
@@ -94,8 +99,9 @@ class Settings:
 
 
 def _shared_volume(run_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    volume = {"name": "shared", "hostPath": {"path": f"/shared/{run_name}", "type": "DirectoryOrCreate"}}
-    return volume, {"name": "shared", "mountPath": f"/shared/{run_name}"}
+    """The bench's claim, its `run_name` folder mounted at /shared/<run_name> (made by `submit`)."""
+    volume = {"name": "shared", "persistentVolumeClaim": {"claimName": CLAIM}}
+    return volume, {"name": "shared", "mountPath": f"/shared/{run_name}", "subPath": run_name}
 
 
 def _restricted(pod: dict[str, Any]) -> None:
@@ -242,6 +248,11 @@ def fresh_cluster(kind: Kind) -> None:
     one_gpu = one_gpu.replace('value: "2"', 'value: "1"')  # FAKE_GPU_COUNT
     kind.kubectl("apply", "-f", "-", input=one_gpu)
     wait_for(lambda: kind.gpus_advertised(WORKERS, per_node=1), 300, "one GPU on every worker")
+    volume, claim = example("volumes/shared-checkpoints.yaml")
+    volume["metadata"]["name"] = f"ebbflow-{CLAIM}"
+    claim["metadata"]["name"], claim["spec"]["volumeName"] = CLAIM, volume["metadata"]["name"]
+    kind.ensure_namespace(NAMESPACE)
+    kind.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=yaml.safe_dump_all([volume, claim]))
     image = run("bash", "hack/kubeflow/build-image.sh").strip().splitlines()[-1]
     load_image(image)
     run("env", f"TRAINING_OPERATOR_IMAGE={image}", "bash", "hack/kubeflow/install.sh")
