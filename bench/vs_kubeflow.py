@@ -458,7 +458,8 @@ def disrupted_run(kind: Kind, system: System, job: str, settings: Settings, out:
 
 def measure(kind: Kind, system: System, settings: Settings, out: Path) -> dict[str, Any]:
     """A calm run, then ``settings.repeats`` disrupted ones on the current cluster (its lost nodes
-    back before each); the disrupted figures combined by :func:`combine`, each run's kept in ``runs``."""
+    back before each, and after the last: the next user of the cluster finds every node); the
+    disrupted figures combined by :func:`combine`, each run's kept in ``runs``."""
     calm = f"{system.name}-calm"
     calm_result = finish(kind, system, calm, submit(kind, system, calm, settings), settings, out)
     runs = []
@@ -466,6 +467,7 @@ def measure(kind: Kind, system: System, settings: Settings, out: Path) -> dict[s
         restore_nodes(kind)
         job = f"{system.name}-disrupted" + (f"-{repeat}" if repeat > 1 else "")
         runs.append(disrupted_run(kind, system, job, settings, out))
+    restore_nodes(kind)
     return {"calm": calm_result, **combine(runs), "runs": runs}
 
 
