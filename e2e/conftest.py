@@ -23,8 +23,6 @@ from ebbflow_devtools.kind import (
     E2E_CHART_VALUES,
     E2E_NAMESPACE,
     OPERATOR_DEPLOYMENT,
-    RELEASE,
-    RELEASE_NAMESPACE,
     SETUP_TIMEOUT_S,
     Kind,
     KindError,
@@ -34,7 +32,7 @@ from ebbflow_devtools.kind import (
     set_up_e2e,
 )
 
-from . import release
+from . import jobs, release
 from .diagnostics import cluster_state
 
 
@@ -121,12 +119,7 @@ def operator(kind: Kind) -> Iterator[str]:
     log during the test must hold no refusal: the chart's RBAC is all it needs."""
     since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     yield OPERATOR_DEPLOYMENT
-    # Every replica's log (the leader and the standby), whole: a selector alone shows 10 lines.
-    selector = f"app.kubernetes.io/component=operator,app.kubernetes.io/instance={RELEASE}"
-    read = ("-n", RELEASE_NAMESPACE, "logs", "-l", selector, "--tail=-1", "--prefix", f"--since-time={since}")
-    # A pod the selector listed may be gone before its log is read (a reinstall replacing the operator's
-    # pods): read again. (A one-tuple: an empty log is an answer too.)
-    (log,) = poll(lambda: (kind.kubectl(*read),), 120, "the operator's logs")
+    log = jobs.operator_log(kind, since)
     refused = [line for line in log.splitlines() if "forbidden" in line.lower()]
     assert not refused, "the operator was refused by RBAC:\n" + "\n".join(refused[:10])
 

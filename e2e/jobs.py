@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from ebbflow_api.contract import API_GROUP, API_VERSION, LABEL_JOB_NAME
 from ebbflow_devtools import trainer_logs
-from ebbflow_devtools.kind import E2E_NAMESPACE, REPO, Kind, KindError, poll
+from ebbflow_devtools.kind import E2E_NAMESPACE, RELEASE, RELEASE_NAMESPACE, REPO, Kind, KindError, poll
 from ebbflow_devtools.kind_jobs import CNN_SCRIPT as CNN_SCRIPT  # re-exported for the tests
 from ebbflow_devtools.kind_jobs import digits_job as digits_job
 from ebbflow_devtools.kind_jobs import shared_claim as shared_claim
@@ -70,6 +70,16 @@ def logs(kind: Kind, pod: str) -> str:
         return kind.api.log(E2E_NAMESPACE, pod)
     except KindError:
         return ""  # not started yet, or gone
+
+
+def operator_log(kind: Kind, since: str) -> str:
+    """Every operator replica's log (the leader and the standby) since `since` (RFC 3339), whole: a
+    selector alone shows 10 lines. A pod the selector listed may be gone before its log is read (a
+    reinstall replacing the operator's pods): read again."""
+    selector = f"app.kubernetes.io/component=operator,app.kubernetes.io/instance={RELEASE}"
+    read = ("-n", RELEASE_NAMESPACE, "logs", "-l", selector, "--tail=-1", "--prefix", f"--since-time={since}")
+    (log,) = poll(lambda: (kind.kubectl(*read),), 120, "the operator's logs")  # a one-tuple: "" answers too
+    return log
 
 
 def resumptions(kind: Kind, pod: str) -> list[trainer_logs.Resumption]:

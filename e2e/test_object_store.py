@@ -1,13 +1,15 @@
 """Checkpoints in object storage, on kind: the job of examples/jobs/digits-object-store.yaml keeps
 its durable checkpoints in the cluster's SeaweedFS (devtools/ebbflow_devtools/object_store.py). Every
 worker is killed at once (SIGKILL on its node: no leave, no handoff, no state left in any memory);
-the operator replaces the failed pods, and the new world resumes from the newest complete
-checkpoint in the store and ends Succeeded."""
+the operator declares them gone to the job's rendezvous and replaces the failed pods, and the new
+world resumes from the newest complete checkpoint in the store and ends Succeeded."""
 
 from __future__ import annotations
 
+import ast
 import json
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from ebbflow_devtools import object_store, trainer_logs
@@ -47,6 +49,16 @@ def _committed(kind: Kind) -> list[int]:
     return sorted(step for log in _logs(kind) for step in trainer_logs.committed_checkpoints(log))
 
 
+def _declarations(operator_log: str) -> dict[str, str]:
+    """What the job's rendezvous answered the operator's declarations, by pod (reconciler.py's line)."""
+    answered: dict[str, str] = {}
+    for line in operator_log.splitlines():
+        _, found, answer = line.partition(f"{E2E_NAMESPACE}/{NAME}: declared gone to the rendezvous: ")
+        if found:
+            answered |= ast.literal_eval(answer)
+    return answered
+
+
 def test_a_job_whose_every_worker_is_killed_resumes_from_the_object_store_and_succeeds(
     kind: Kind, namespace: str, operator: str
 ) -> None:
@@ -65,7 +77,7 @@ def test_a_job_whose_every_worker_is_killed_resumes_from_the_object_store_and_su
     committed = poll(checkpointed, JOB_DEADLINE_S, f"{COMMITTED_BEFORE_KILL} checkpoints in the store")
     before = trainer_logs.worlds(_logs(kind))
     pods = jobs.worker_pods(kind, NAME)
-    killed_at = time.monotonic()
+    killed_at, since = time.monotonic(), datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     kind.kill_containers(pods)
     # The furthest step known reached: rank 0's last progress report may predate the newest commit.
     reported = int((jobs.status(kind, NAME).get("progress") or {}).get("step") or 0)
@@ -77,6 +89,10 @@ def test_a_job_whose_every_worker_is_killed_resumes_from_the_object_store_and_su
 
     world = poll(resumed, JOB_DEADLINE_S, "a new world of the replaced workers")
     resumed_after_s = time.monotonic() - killed_at
+    # The operator told the job's rendezvous pod about each killed worker (its token accepted, the
+    # NetworkPolicy open to it), whether the rendezvous still counted it as a member or not.
+    declared = _declarations(jobs.operator_log(kind, since))
+    assert {p["metadata"]["name"] for p in pods} <= declared.keys(), declared
     replaced = {p["metadata"]["uid"] for p in jobs.worker_pods(kind, NAME)}
     assert not replaced & {p["metadata"]["uid"] for p in pods}, "a killed worker's pod is still there"
     # Nothing survived in memory: the state came from the store, at the newest complete checkpoint
@@ -97,6 +113,7 @@ def test_a_job_whose_every_worker_is_killed_resumes_from_the_object_store_and_su
             "step_at_kill": step_at_kill,
             "resumed": vars(world),
             "kill_to_new_world_seconds": round(resumed_after_s, 1),
+            "declared": declared,
             "accuracy": accuracy,
         },
     )

@@ -115,6 +115,15 @@ ENV_TERMINATION_MESSAGE_PATH: Final = "EBBFLOW_TERMINATION_MESSAGE_PATH"
 # ENV_RDZV_JOIN_TIMEOUT_SECONDS for a rendezvous round.
 ENV_RDZV_PORT: Final = "EBBFLOW_RDZV_PORT"
 ENV_RDZV_JOIN_TIMEOUT_SECONDS: Final = "EBBFLOW_RDZV_JOIN_TIMEOUT_SECONDS"
+# The rendezvous pod's endpoint of deaths the operator declares (ebbflow_trainer.launch.declarations):
+# it listens on ENV_DECLARATIONS_PORT when ENV_RDZV_TOKEN is set, and takes POST DECLARATIONS_PATH
+# with `Authorization: Bearer <token>` and {"pods": {"<pod>": "<evidence>"}}. The token is the job's
+# (RDZV_TOKEN_KEY of the Secret the operator creates beside the rendezvous pod); ENV_MIN_REPLICAS and
+# ENV_MAX_REPLICAS are set there too. Each launcher publishes its node under its pod's name.
+ENV_RDZV_TOKEN: Final = "EBBFLOW_RDZV_TOKEN"
+ENV_DECLARATIONS_PORT: Final = "EBBFLOW_DECLARATIONS_PORT"
+RDZV_TOKEN_KEY: Final = "token"
+DECLARATIONS_PATH: Final = "/v1/gone"
 
 # --- The rendezvous pod ----------------------------------------------------------------------------
 # Default command of the rendezvous pod (it hosts the c10d TCPStore), followed by
@@ -125,6 +134,7 @@ RENDEZVOUS_PORT_FLAG: Final = "--port"
 
 # --- Ports ---------------------------------------------------------------------------------------
 RENDEZVOUS_PORT: Final = 29400
+DECLARATIONS_PORT: Final = 29401  # 29402 when spec.rendezvous.port takes 29401
 METRICS_PORT: Final = 9400
 
 # --- Exit codes ----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from kubernetes import client, config
 
 from . import handlers
 from .decision.plan import PlannerConfig
+from .declarer import random_key
 from .kube import KubeIO
 from .leader import ElectionConfig, Elector
 from .metrics import Metrics
@@ -227,6 +228,20 @@ def _elector(args: argparse.Namespace, io: KubeIO) -> Elector | None:
     return Elector(io, config)
 
 
+def _token_key() -> bytes:
+    """The key the jobs' rendezvous tokens are signed with (declarer.py), from the environment (the
+    chart's Secret); without one, a random key, so the tokens change when the operator restarts."""
+    key = _env("TOKEN_KEY", "")
+    if key:
+        return key.encode()
+    logging.getLogger(__name__).warning(
+        "%sTOKEN_KEY is not set: the jobs' rendezvous tokens change when the operator restarts, and "
+        "a job started before then waits out a dead worker's heartbeats (the Helm chart sets it)",
+        ENV_PREFIX,
+    )
+    return random_key()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(
@@ -270,9 +285,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         on_request=lambda verb, resource: count.labels(verb, resource).inc(),
     )
     elector = _elector(args, io)
-    reconciler = Reconciler(
-        io, operator_config, metrics, leading=elector.leading if elector else lambda: True
-    )
+    leading = elector.leading if elector else lambda: True
+    reconciler = Reconciler(io, operator_config, metrics, leading=leading, token_key=_token_key())
     stop = threading.Event()
     threads = [
         threading.Thread(target=reconciler.run_forever, args=(stop,), name="ebbflow-reconcile", daemon=True)

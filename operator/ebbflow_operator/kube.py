@@ -163,6 +163,11 @@ class KubeIO:
     def create_service(self, namespace: str, body: Json) -> Json | None:
         return _tolerate(409, self._request, "POST", f"/api/v1/namespaces/{namespace}/services", body)
 
+    def create_secret(self, namespace: str, body: Json) -> Json | None:
+        """Create a Secret; the answer (which holds its data) is dropped."""
+        _tolerate(409, self._request, "POST", f"/api/v1/namespaces/{namespace}/secrets", body)
+        return None
+
     def create_network_policy(self, namespace: str, body: Json) -> Json | None:
         path = f"{NETWORKING_PREFIX}/namespaces/{namespace}/networkpolicies"
         return _tolerate(409, self._request, "POST", path, body)

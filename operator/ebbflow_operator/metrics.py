@@ -90,6 +90,13 @@ class Metrics:
             registry=r,
         )
         self.reconcile_errors = Counter("ebbflow_reconcile_errors", "Failed passes or writes.", registry=r)
+        self.declarations = Counter(
+            "ebbflow_declared_workers",
+            "Workers declared gone to their job's rendezvous, by its answer (removed, not a member, "
+            "unknown pod) or failed (no answer).",
+            ["outcome"],
+            registry=r,
+        )
         self.gpus = Gauge("ebbflow_cluster_gpus", "GPUs on usable selected nodes.", ["state"], registry=r)
         self.leader = Gauge(
             "ebbflow_operator_leader", "1 while this replica acts (holds the Lease).", registry=r

@@ -2,16 +2,16 @@
 the plans it decides.
 
 Level-triggered: a pass reads the cache (nodes, pods, Services, jobs and, under Kueue, Workloads;
-fed by watch events and by periodic full lists, which run in a thread of their own), calls the pure
-`decide` (decide.py) for every job's plan, then executes each plan's writes (`decision.writes`:
-typed, complete, in order; the loop builds no body and decides nothing). Nothing is carried from
-one pass to the next except what the API holds (the jobs' status), so a restarted operator picks
-up exactly where the old one stopped. Watch events only wake the loop; a periodic resync covers
-anything no event announces (e.g. other workloads' pods).
+fed by watch events and by periodic full lists in a thread of their own), calls the pure `decide`
+(decide.py) for every job's plan, then executes each plan's writes (`decision.writes`: typed,
+complete, in order; the loop builds no body and decides nothing). Nothing is carried from one pass
+to the next except what the API holds (the jobs' status), so a restarted operator picks up exactly
+where the old one stopped. Watch events only wake the loop; a periodic resync covers the rest.
 
-Invariants: every write goes through `ClusterIO` (KubeIO in production, an in-memory fake in
-tests) and fails only with `KubeError`; per job, the writes run in the plan's order (the status
-first, deletions before creations) and nothing else is written when the status write fails.
+Invariants: every API write goes through `ClusterIO` (KubeIO in production, an in-memory fake in
+tests) and fails only with `KubeError`, every declaration of dead workers through a `Declarer`
+(declarer.py) and fails only with `DeclarationError`; per job, the writes run in the plan's order
+(the status first) and nothing else is written when the status write fails.
 """
 
 from __future__ import annotations
@@ -36,7 +36,17 @@ from .decision.kueue import parse_flavor, parse_workload
 from .decision.kueue_room import parse_cluster_queue, parse_local_queue
 from .decision.model import Job, JobKey, Json, Node, Pod, parse_job, parse_node, parse_pod
 from .decision.plan import Plan, Refusal
-from .decision.writes import AnnotatePod, ChildKind, CreateChild, DeletePod, PatchStatus, PatchWorkload, Write
+from .decision.writes import (
+    AnnotatePod,
+    ChildKind,
+    CreateChild,
+    DeclareGone,
+    DeletePod,
+    PatchStatus,
+    PatchWorkload,
+    Write,
+)
+from .declarer import DeclarationError, Declarer, HttpDeclarer, job_token, random_key, with_token
 from .errors import KubeError
 from .metrics import JobSample, Metrics
 from .policies import policy_named
@@ -55,6 +65,7 @@ RELIST_SHARE = 0.05
 # A worker refused with these is refused for what it is (Pod Security, a quota, a webhook: 403; a
 # field the API server rejects: 400, 422), not for a passing state of the server.
 REFUSED_STATUSES = frozenset({400, 403, 422})
+DECLARATION_CONCURRENCY = 4  # rendezvous pods told at once
 
 
 def relist_wait(interval: float, last_list_seconds: float) -> float:
@@ -83,6 +94,7 @@ class ClusterIO(Protocol):
     def create_pod(self, namespace: str, body: Json) -> Json | None: ...
     def create_service(self, namespace: str, body: Json) -> Json | None: ...
     def create_network_policy(self, namespace: str, body: Json) -> Json | None: ...
+    def create_secret(self, namespace: str, body: Json) -> Json | None: ...
     def create_workload(self, namespace: str, body: Json) -> Json | None: ...
     def patch_workload(
         self, namespace: str, name: str, patch: Sequence[Json], status: bool
@@ -104,10 +116,17 @@ class Reconciler:
         config: OperatorConfig,
         metrics: Metrics,
         leading: Callable[[], bool] = lambda: True,
+        declarer: Declarer | None = None,
+        token_key: bytes | None = None,
     ) -> None:
         """`leading` gates every pass: a standby replica (leader.Elector) keeps its cache warm from
-        the watches and writes nothing."""
+        the watches and writes nothing. `declarer` tells the jobs' rendezvous pods which workers are
+        gone, signed with tokens from `token_key` (declarer.py; a random key when None)."""
         self.io = io
+        self.declarer: Declarer = declarer or HttpDeclarer()
+        self._token_key = token_key or random_key()
+        # The workers already declared gone, by job uid (the next passes do not declare them again).
+        self._declared: dict[str, set[str]] = defaultdict(set)
         self.leading = leading
         self.config = config
         self.metrics = metrics
@@ -117,6 +136,9 @@ class Reconciler:
         self._wake = threading.Event()
         self._first_trigger: float | None = None
         self._pool = ThreadPoolExecutor(config.write_concurrency, thread_name_prefix="ebbflow-write")
+        # Declarations wait on rendezvous pods, not on the API server: a pod that does not answer
+        # holds up no write.
+        self._declaring = ThreadPoolExecutor(DECLARATION_CONCURRENCY, thread_name_prefix="ebbflow-declare")
         parsers: dict[str, Callable[[Json], Any]] = {
             "nodes": parse_node,
             "pods": parse_pod,
@@ -266,6 +288,8 @@ class Reconciler:
     def run_pass(self, now: float | None = None) -> PassResult:
         started = time.monotonic()
         nodes, pods, jobs, services, network_policies = self.observe()
+        for gone_job in self._declared.keys() - {job.uid for job in jobs}:
+            del self._declared[gone_job]
         observed = time.monotonic()
         when = time.time() if now is None else now
         policy = self._policy(nodes, pods, jobs, when)
@@ -339,6 +363,9 @@ class Reconciler:
         log.debug("%s/%s: %s", job.namespace, job.name, plan.summary())
         failures = 0
         for write in plan.writes:
+            if isinstance(write, DeclareGone):
+                self._declare_soon(job, write)
+                continue
             try:
                 answer, store = self._execute(job, write)
             except KubeError as error:
@@ -357,6 +384,30 @@ class Reconciler:
         for event in plan.events:
             self._event(job, event.type, event.reason, event.message, now)
         return failures
+
+    def _declare_soon(self, job: Job, write: DeclareGone) -> None:
+        """Tell the job's rendezvous pod, in the background, about the workers not declared yet."""
+        declared = self._declared[job.uid]
+        pods = tuple((name, why) for name, why in write.pods if name not in declared)
+        if pods:
+            declared.update(name for name, _ in pods)
+            self._declaring.submit(self._declare, job, write.address, pods)
+
+    def _declare(self, job: Job, address: str, pods: tuple[tuple[str, str], ...]) -> None:
+        """One declaration; a failure is logged and forgotten, so the next pass that still sees the
+        workers declares them again (the survivors' heartbeats remove a dead node anyway)."""
+        try:
+            outcome = self.declarer.declare(address, job_token(self._token_key, job.uid), pods)
+        except DeclarationError as error:
+            self._declared[job.uid].difference_update(name for name, _ in pods)
+            self.metrics.declarations.labels("failed").inc(len(pods))
+            log.warning(
+                "%s/%s: declaring gone %s failed: %s", job.namespace, job.name, _described(pods), error
+            )
+            return
+        for answer in outcome.values():
+            self.metrics.declarations.labels(answer).inc()
+        log.info("%s/%s: declared gone to the rendezvous: %s", job.namespace, job.name, outcome)
 
     def _note_refusal(self, job: Job, write: Write, error: KubeError, now: float) -> None:
         """A new worker the API server refused for what it is (admission, validation), not for
@@ -382,6 +433,9 @@ class Reconciler:
                 return io.create_network_policy(ns, body), stores["networkpolicies"]
             case CreateChild(ChildKind.WORKLOAD, body):
                 return io.create_workload(ns, body), stores["workloads"]
+            case CreateChild(ChildKind.SECRET, body):
+                io.create_secret(ns, with_token(body, job_token(self._token_key, job.uid)))
+                return None, stores["jobs"]  # the cache keeps no Secret (the operator reads none)
             case PatchWorkload(name, patch, status):
                 return io.patch_workload(ns, name, patch, status), stores["workloads"]
             case AnnotatePod(name, uid, annotations):
@@ -393,6 +447,10 @@ class Reconciler:
             self.io.record_event(job.namespace, job.name, job.uid, type_, reason, message, now)
         except KubeError as error:
             log.warning("%s/%s: event not recorded: %s", job.namespace, job.name, error.status)
+
+
+def _described(pods: Sequence[tuple[str, str]]) -> str:
+    return "; ".join(f"{name} ({evidence})" for name, evidence in pods)
 
 
 def _creates_a_worker(write: Write) -> bool:

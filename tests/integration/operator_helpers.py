@@ -21,6 +21,8 @@ from ebbflow_devtools.ports import free_ports
 from .conftest import REPO, Kube
 
 KUBECTL = REPO / ".tools" / "bin" / "kubectl"
+# The key the operator signs the jobs' rendezvous tokens with (the chart's Secret in a cluster).
+TOKEN_KEY = "integration-token-key"
 SETTLE = 90  # seconds for the operator to converge; generous for a loaded 2-core machine
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
 
@@ -61,7 +63,11 @@ class OperatorProcess:
             "fair",
             *extra,
         ]
-        env = {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig)}
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.plane.kubeconfig),
+            "EBBFLOW_OPERATOR_TOKEN_KEY": TOKEN_KEY,
+        }
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 

@@ -3,9 +3,11 @@ priority, pending timeout, the end of a job, garbage collection and metrics."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from ebbflow_api import contract
 from ebbflow_devtools.controlplane import ControlPlane
 from ebbflow_devtools.gpunodes import GpuNodeTemplate, drain_node, fail_pod, preempt_node
 from ebbflow_devtools.waiting import wait_for
+from ebbflow_operator.declarer import job_token
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -22,6 +25,7 @@ from .operator_helpers import (
     GROUP,
     PLURAL,
     SETTLE,
+    TOKEN_KEY,
     VERSION,
     OperatorProcess,
     condition,
@@ -108,6 +112,14 @@ def test_job_gets_rendezvous_service_and_workers_on_gpu_nodes(
     rendezvous = kube.core.read_namespaced_pod("train-rdzv", namespace)
     assert rendezvous.status.phase == "Running"
     assert rendezvous.metadata.owner_references[0].uid == job_uid
+    # The job's rendezvous token: in a Secret of the job, read by the rendezvous pod alone.
+    token = kube.core.read_namespaced_secret("train-rdzv-token", namespace)
+    assert token.metadata.owner_references[0].uid == job_uid
+    assert base64.b64decode(token.data[contract.RDZV_TOKEN_KEY]).decode() == job_token(
+        TOKEN_KEY.encode(), job_uid
+    )
+    [reference] = [e for e in rendezvous.spec.containers[0].env if e.name == contract.ENV_RDZV_TOKEN]
+    assert reference.value_from.secret_key_ref.name == "train-rdzv-token"
     service = kube.core.read_namespaced_service("train-pods", namespace)
     assert service.spec.cluster_ip == "None" and service.spec.ports[0].port == contract.RENDEZVOUS_PORT
     assert [s.metadata.name for s in kube.core.list_namespaced_service(namespace).items] == ["train-pods"]
@@ -239,6 +251,13 @@ def test_job_that_cannot_reach_min_within_the_pending_timeout_waits(
     assert status(kube, namespace, "too-fat")["phase"] == "Pending"
 
 
+def declared(operator: OperatorProcess, pod: str, evidence: str) -> bool:
+    """Whether the operator's log says it declared `pod` gone to its rendezvous, with `evidence`
+    (or tried to)."""
+    log = operator.log_path.read_text(errors="replace")
+    return any(pod in line and "gone" in line and evidence in line for line in log.splitlines())
+
+
 def test_failures_restart_workers_until_max_restarts_then_the_job_fails(
     kube: Kube, namespace: str, gpu_nodes: GpuNodes, operator: OperatorProcess
 ) -> None:
@@ -254,6 +273,10 @@ def test_failures_restart_workers_until_max_restarts_then_the_job_fails(
 
     fail_pod(kube.core, namespace, "flaky-worker-1", 1)
     wait_for(lambda: status(kube, namespace, "flaky").get("restarts") == 1, SETTLE, "first real failure")
+    # Each ended worker was declared gone to the job's rendezvous pod (whose address here is KWOK's,
+    # where nothing listens: the operator says so, and the workers' heartbeats are the fallback).
+    for name, evidence in (("flaky-worker-0", "exit code 143"), ("flaky-worker-1", "exit code 1")):
+        wait_for(partial(declared, operator, name, evidence), SETTLE, f"{name} declared gone")
     wait_for(lambda: settled(kube, namespace, "flaky", 2), SETTLE, "replaced after a real failure")
 
     victim = workers(kube, namespace, "flaky")[0].metadata.name

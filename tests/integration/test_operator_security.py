@@ -91,9 +91,10 @@ def test_each_job_gets_its_network_policy_and_gets_it_back_when_deleted(
     job_pods = {contract.LABEL_JOB_NAME: "fenced"}
     assert policy.spec.pod_selector.match_labels == job_pods
     assert policy.spec.policy_types == ["Ingress"]
-    own, metrics = policy.spec.ingress
+    own, metrics, declarations = policy.spec.ingress
     assert [peer.pod_selector.match_labels for peer in own._from] == [job_pods] and own.ports is None
     assert metrics._from is None and [p.port for p in metrics.ports] == [contract.METRICS_PORT]
+    assert declarations._from is None and [p.port for p in declarations.ports] == [contract.DECLARATIONS_PORT]
 
     client.NetworkingV1Api(kube.api).delete_namespaced_network_policy(policy.metadata.name, namespace)
 

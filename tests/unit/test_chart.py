@@ -250,6 +250,11 @@ def test_deployment_defaults(helm: str) -> None:
     }
     assert pod["serviceAccountName"] == RELEASE
     assert one(docs, "ServiceAccount", RELEASE)["metadata"]["namespace"] == NAMESPACE
+    # The key of the jobs' rendezvous tokens, from the chart's own Secret.
+    key = one(docs, "Secret", f"{RELEASE}-token-key")
+    assert key["metadata"]["namespace"] == NAMESPACE and len(key["data"]["key"]) >= 48
+    [variable] = [e for e in container["env"] if e["name"] == "EBBFLOW_OPERATOR_TOKEN_KEY"]
+    assert variable["valueFrom"]["secretKeyRef"] == {"name": f"{RELEASE}-token-key", "key": "key"}
     for optional in ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets"):
         assert optional not in pod
     # The replicas prefer different nodes, so losing one node leaves a standby.
@@ -471,6 +476,7 @@ Rules = dict[tuple[str, str], set[str]]
 NAMESPACED: Rules = {
     ("", "services"): {"list", "watch", "create"},
     ("networking.k8s.io", "networkpolicies"): {"list", "watch", "create"},
+    ("", "secrets"): {"create"},  # the jobs' rendezvous tokens: never read
     ("", "events"): {"create"},
     (contract.API_GROUP, contract.PLURAL): {"list", "watch"},
     (contract.API_GROUP, f"{contract.PLURAL}/status"): {"patch"},

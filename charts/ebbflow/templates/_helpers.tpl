@@ -112,6 +112,11 @@ trainer.rbac.namespaces, or else the release namespace plus watchNamespaces.
   - apiGroups: ["networking.k8s.io"]
     resources: ["networkpolicies"]
     verbs: ["list", "watch", "create"]
+  # Each job's rendezvous token Secret: created only (its content is the operator's to derive, so
+  # the operator never reads a Secret).
+  - apiGroups: [""]
+    resources: ["secrets"]
+    verbs: ["create"]
   # Events on the jobs (kubectl describe etj).
   - apiGroups: [""]
     resources: ["events"]

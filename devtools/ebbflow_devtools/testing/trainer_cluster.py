@@ -10,11 +10,14 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -90,6 +93,13 @@ class Node:
         self.process.wait(timeout=30)
         for pid in tree[1:]:
             wait_for(functools.partial(_is_gone, pid), 30, f"pid {pid} to die")
+
+    def freeze(self) -> None:
+        """What a node that stops answering looks like (a hung machine, a partition): every process of
+        the pod stopped (SIGSTOP). Its sockets stay open, so its liveness port still accepts."""
+        for pid in [self.process.pid, *descendants(self.process.pid)]:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
 
     def terminate(self) -> None:
         """What a pod deletion does first: SIGTERM to the container's main process."""
@@ -234,6 +244,10 @@ class Job:
     nodes: list[Node] = field(default_factory=list)
     rdzv: Process | None = None
     port: int = 0
+    # The job's rendezvous token: when set, the rendezvous process serves the operator's declarations
+    # of deaths on `declarations_port` (see `declare_gone`).
+    rendezvous_token: str = ""
+    declarations_port: int = 0
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -249,13 +263,44 @@ class Job:
         port_file.unlink(missing_ok=True)
         arguments = ["rendezvous", "--host", "127.0.0.1"]
         arguments += [contract.RENDEZVOUS_PORT_FLAG, str(port), "--port-file", str(port_file)]
-        self.rdzv = Zygote.shared().start(arguments, dict(os.environ), self.root / "rdzv.log")
+        env = dict(os.environ)
+        if self.rendezvous_token:
+            env |= {
+                contract.ENV_RDZV_TOKEN: self.rendezvous_token,
+                contract.ENV_DECLARATIONS_PORT: "0",
+                contract.ENV_RDZV_ID: self.environment()[contract.ENV_RDZV_ID],
+                contract.ENV_MIN_REPLICAS: str(self.min_replicas),
+                contract.ENV_MAX_REPLICAS: str(self.max_replicas),
+            }
+        self.rdzv = Zygote.shared().start(arguments, env, self.root / "rdzv.log")
 
         def serving() -> str:
             assert self.rdzv is not None and self.rdzv.poll() is None, f"rendezvous exited:\n{self.logs()}"
             return port_file.read_text() if port_file.exists() else ""
 
         self.port = int(wait_for(serving, 120, "the rendezvous store"))
+        if self.rendezvous_token:
+            self.declarations_port = int(wait_for(self._declarations_port, 30, "the declarations endpoint"))
+
+    def _declarations_port(self) -> str:
+        found = re.search(r"declarations on port (\d+)", (self.root / "rdzv.log").read_text())
+        return found[1] if found else ""
+
+    def declare_gone(self, pods: dict[str, str], token: str | None = None) -> tuple[int, dict[str, Any]]:
+        """POST a declaration of dead pods (pod -> evidence) as the operator does, with the job's token
+        unless `token` is given; the HTTP status and the answer."""
+        body = json.dumps({"pods": pods}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.declarations_port}{contract.DECLARATIONS_PATH}",
+            data=body,
+            headers={"Authorization": f"Bearer {self.rendezvous_token if token is None else token}"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as refused:
+            return refused.code, json.loads(refused.read())
 
     def kill_rendezvous(self) -> None:
         """What losing the rendezvous pod's node does to the store: its process dies (SIGKILL) and

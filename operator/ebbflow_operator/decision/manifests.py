@@ -52,6 +52,18 @@ def network_policy_name(job: str) -> str:
     return f"{job}-pods"
 
 
+def rendezvous_token_name(job: str) -> str:
+    """The Secret holding the job's rendezvous token (contract.RDZV_TOKEN_KEY)."""
+    return f"{job}-rdzv-token"
+
+
+def declarations_port(job: Job) -> int:
+    """Where the rendezvous pod takes the operator's declarations of deaths: the contract's port, or
+    the next one when spec.rendezvous.port takes it."""
+    port = contract.DECLARATIONS_PORT
+    return port + 1 if job.spec.rendezvous.port == port else port
+
+
 def rendezvous_host(job: str, namespace: str) -> str:
     """The rendezvous pod's DNS name: whichever pod hosts the store now (a replacement takes the name)."""
     return f"{rendezvous_name(job)}.{service_name(job)}.{namespace}.svc"
@@ -276,8 +288,25 @@ def rendezvous_pod(job: Job) -> Json:
                     {"name": contract.ENV_NAMESPACE, "value": job.namespace},
                     {"name": contract.ENV_RDZV_ID, "value": job.uid},
                     {"name": contract.ENV_RDZV_PORT, "value": str(rendezvous.port)},
+                    {"name": contract.ENV_MIN_REPLICAS, "value": str(job.spec.replicas.min)},
+                    {"name": contract.ENV_MAX_REPLICAS, "value": str(job.spec.replicas.max)},
+                    {"name": contract.ENV_DECLARATIONS_PORT, "value": str(declarations_port(job))},
+                    # Optional: without its Secret the store serves, and deaths wait for heartbeats.
+                    {
+                        "name": contract.ENV_RDZV_TOKEN,
+                        "valueFrom": {
+                            "secretKeyRef": {
+                                "name": rendezvous_token_name(job.name),
+                                "key": contract.RDZV_TOKEN_KEY,
+                                "optional": True,
+                            }
+                        },
+                    },
                 ],
-                "ports": [{"name": "c10d", "containerPort": rendezvous.port}],
+                "ports": [
+                    {"name": "c10d", "containerPort": rendezvous.port},
+                    {"name": "declarations", "containerPort": declarations_port(job)},
+                ],
                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
                 "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
             }
@@ -311,6 +340,22 @@ def rendezvous_pod(job: Job) -> Json:
     }
 
 
+def rendezvous_token_secret(job: Job) -> Json:
+    """The Secret the rendezvous pod reads the job's token from, without the token: the reconciler
+    signs it in when it creates the Secret (a token never travels in a plan)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": rendezvous_token_name(job.name),
+            "namespace": job.namespace,
+            "labels": _labels(job, contract.ROLE_RENDEZVOUS),
+            "ownerReferences": [owner_reference(job)],
+        },
+    }
+
+
 def job_service(job: Job) -> Json:
     """One headless Service for every pod of the job: stable DNS names for the workers
     (`<job>-<index>.<job>-pods`) and the rendezvous pod (`<job>-rdzv.<job>-pods`, the workers' endpoint).
@@ -340,8 +385,10 @@ def job_service(job: Job) -> Json:
 def network_policy(job: Job) -> Json:
     """Ingress to the job's pods (workers and the rendezvous pod) only from the job's own pods: the
     c10d store and the workers' collective ports are the job's alone. The trainers' metrics port
-    stays open to every namespace, for Prometheus. NetworkPolicies select by label, so anyone who
-    may create pods in the namespace can wear the job's labels: the namespace is the trust boundary.
+    stays open to every namespace, for Prometheus, and the rendezvous pod's declarations port for the
+    operator, wherever it runs (each declaration carries the job's token). NetworkPolicies select by
+    label, so anyone who may create pods in the namespace can wear the job's labels: the namespace is
+    the trust boundary.
     Enforced only where the cluster's network plugin implements NetworkPolicy."""
     job_pods = {"matchLabels": {contract.LABEL_JOB_NAME: job.name}}
     return {
@@ -359,6 +406,7 @@ def network_policy(job: Job) -> Json:
             "ingress": [
                 {"from": [{"podSelector": job_pods}]},
                 {"ports": [{"protocol": "TCP", "port": contract.METRICS_PORT}]},
+                {"ports": [{"protocol": "TCP", "port": declarations_port(job)}]},
             ],
         },
     }

@@ -122,6 +122,7 @@ class Pod:
     world_generation: int = 0
     global_batch: str | None = None  # ANNOTATION_GLOBAL_BATCH_SIZE as written (None: absent)
     memory_budget: str | None = None  # ANNOTATION_MEMORY_BUDGET as written (None: absent)
+    ip: str | None = None  # status.podIP: None until the pod has its network
 
     @property
     def finished(self) -> bool:
@@ -287,6 +288,7 @@ def parse_pod(raw: Mapping[str, Any]) -> Pod:
         world_generation=int(annotations.get(contract.ANNOTATION_WORLD_GENERATION, 0) or 0),
         global_batch=annotations.get(contract.ANNOTATION_GLOBAL_BATCH_SIZE),
         memory_budget=annotations.get(contract.ANNOTATION_MEMORY_BUDGET),
+        ip=status.get("podIP") or None,
     )
 
 

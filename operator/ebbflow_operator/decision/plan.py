@@ -15,7 +15,7 @@ from .model import Job, Json, Node, Placement, Pod
 from .status import (
     ConditionUpdate,
 )
-from .writes import PatchWorkload, Write
+from .writes import DeclareGone, PatchWorkload, Write
 
 TERMINAL_PHASES = frozenset(phase for phase in Phase if phase.terminal)
 
@@ -100,6 +100,7 @@ class Plan:
     create_rendezvous_pod: bool = False
     create_service: bool = False
     create_network_policy: bool = False
+    declare_gone: DeclareGone | None = None  # workers gone, for the rendezvous (declarations.py)
     placement: Placement | None = None  # new workers' Kueue flavors (queued jobs)
     create_workload: Json | None = None  # a Kueue Workload slice (kueue.next_write)
     patch_workload: PatchWorkload | None = None
@@ -124,6 +125,8 @@ class Plan:
         """The plan's writes in a line, for the operator's debug log: which fields of the status
         change and what is deleted (and why) or created, to tell why a job took another pass."""
         parts = [f"status {','.join(sorted(self.status_patch))}"] if self.status_patch else []
+        if self.declare_gone is not None:
+            parts.append(f"declare {','.join(name for name, _ in self.declare_gone.pods)} gone")
         parts += [f"delete {d.name} ({d.reason})" for d in self.delete]
         if self.create_workers:
             parts.append(f"create {len(self.create_workers)} worker(s)")

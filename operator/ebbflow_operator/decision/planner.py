@@ -26,6 +26,7 @@ from ebbflow_api.models import CleanPodPolicy, Phase
 
 from . import kueue, manifests
 from .capacity import evicts
+from .declarations import declaration
 from .gpu_memory import job_budget_mib
 from .job_status import job_status
 from .model import Job, Json, Node, Pod, format_time, parse_time
@@ -71,6 +72,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
                                  the world generation
         rendezvous_and_services  the rendezvous pod (replaced when it ends; under Kueue only while
                                  admitted), the job's Service and NetworkPolicy
+        declaration              (declarations.py) the workers gone, for the rendezvous pod
         workload_write           (queued jobs only) the Kueue Workload slice to create or patch
         global_batch             (spec.maxGlobalBatchSize only) the policy's B -> the workers'
                                  annotations to change and status.globalBatchSize
@@ -112,6 +114,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         create_rendezvous_pod=support.create_rendezvous_pod,
         create_service=support.create_service,
         create_network_policy=support.create_network_policy,
+        declare_gone=declaration(job, observed.pods, workers, seen, observed.nodes),
         placement=observed.admission.placement if observed.admission is not None else None,
         create_workload=queued if isinstance(queued, dict) else None,
         patch_workload=queued if isinstance(queued, PatchWorkload) else None,
@@ -516,6 +519,7 @@ def writes_of(plan: Plan, service_accounts: Mapping[str, str]) -> tuple[Write, .
     if plan.patch_workload is not None:
         writes.append(plan.patch_workload)
     if plan.create_rendezvous_pod:
+        writes.append(CreateChild(ChildKind.SECRET, manifests.rendezvous_token_secret(job)))
         writes.append(CreateChild(ChildKind.POD, manifests.rendezvous_pod(job)))
     if plan.create_service:
         writes.append(CreateChild(ChildKind.SERVICE, manifests.job_service(job)))
@@ -537,4 +541,6 @@ def writes_of(plan: Plan, service_accounts: Mapping[str, str]) -> tuple[Write, .
     for budget in plan.update_memory_budget:
         annotation = {contract.ANNOTATION_MEMORY_BUDGET: str(budget.value)}
         writes.append(AnnotatePod(budget.name, budget.uid, annotation))
+    if plan.declare_gone is not None:
+        writes.append(plan.declare_gone)
     return tuple(writes)

@@ -1,11 +1,13 @@
-"""The API writes that carry out a job's plan: typed, complete (the bodies are built by `manifests`
+"""The writes that carry out a job's plan: typed, complete (the bodies are built by `manifests`
 inside the pure pass), in the order they must happen. The reconciler only executes them.
 
 Order (`planner.writes_of`): the status first (it records what the deletions mean, so a crash after
 it leaves extra pods, never a miscounted preemption), then deletions, the NetworkPolicy (so the
-rendezvous store never listens unprotected), the Kueue Workload write, the rendezvous pod, the
-Service, the new workers, and the workers' annotations. Events are recorded after the writes,
-whatever became of them.
+rendezvous store never listens unprotected), the Kueue Workload write, the Secret with the
+rendezvous token, the rendezvous pod, the Service, the new workers, the workers' annotations, and
+last the declaration of dead workers to the job's rendezvous pod (the one write not to the API
+server: a rendezvous pod that does not answer holds up none of the others). Events are recorded
+after the writes, whatever became of them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class ChildKind(StrEnum):
     SERVICE = "Service"
     NETWORK_POLICY = "NetworkPolicy"
     WORKLOAD = "Workload"  # a Kueue Workload slice (kueue.py)
+    SECRET = "Secret"  # the rendezvous token's (the reconciler signs the token in)
 
 
 @dataclass(frozen=True)
@@ -68,4 +71,13 @@ class PatchWorkload:
     status: bool = False
 
 
-Write = PatchStatus | DeletePod | CreateChild | AnnotatePod | PatchWorkload
+@dataclass(frozen=True)
+class DeclareGone:
+    """Tell the job's rendezvous pod (its declarations endpoint at `address`, ip:port) that these
+    workers are gone (pod name -> evidence); the reconciler adds the job's token."""
+
+    address: str
+    pods: tuple[tuple[str, str], ...]
+
+
+Write = PatchStatus | DeletePod | CreateChild | AnnotatePod | PatchWorkload | DeclareGone

@@ -16,6 +16,8 @@ from ebbflow_operator.decision import manifests
 from ebbflow_operator.decision.decide import OperatorConfig
 from ebbflow_operator.decision.model import Json, format_time
 from ebbflow_operator.decision.plan import BatchUpdate, BudgetUpdate, Deletion, Event, Plan
+from ebbflow_operator.decision.writes import DeclareGone
+from ebbflow_operator.declarer import DeclarationError, job_token
 from ebbflow_operator.errors import KubeError
 from ebbflow_operator.metrics import Metrics
 from ebbflow_operator.reconciler import RELIST_SHARE, Reconciler, relist_wait
@@ -32,6 +34,7 @@ class FakeCluster:
         self.calls: list[Call] = []
         self.jobs: list[Json] = []
         self.created_pods: list[Json] = []
+        self.secrets: list[Json] = []
         self.annotations: list[tuple[str, str, Json]] = []  # (pod, uid precondition, annotations)
 
     def _call(self, operation: str, name: str) -> None:
@@ -72,6 +75,11 @@ class FakeCluster:
 
     def create_network_policy(self, namespace: str, body: Json) -> Json | None:
         self._call("create_network_policy", body["metadata"]["name"])
+        return None
+
+    def create_secret(self, namespace: str, body: Json) -> Json | None:
+        self._call("create_secret", body["metadata"]["name"])
+        self.secrets.append(body)
         return None
 
     def create_workload(self, namespace: str, body: Json) -> Json | None:
@@ -120,6 +128,7 @@ STATUS: Call = ("patch_job_status", "train")
 DELETE: Call = ("delete_pod", "train-worker-3")
 CREATES: list[Call] = [
     ("create_network_policy", manifests.network_policy_name("train")),
+    ("create_secret", manifests.rendezvous_token_name("train")),
     ("create_pod", RDZV),
     ("create_service", SERVICE),
     ("create_pod", "train-worker-4"),
@@ -161,7 +170,7 @@ def reconciler(cluster: FakeCluster, metrics: Metrics | None = None) -> Reconcil
         pytest.param(
             FULL,
             {f"create_pod {RDZV}": KubeError(403, "Forbidden")},
-            [STATUS, DELETE, *CREATES[:2], ERROR, *CREATES[2:], RESCALED],
+            [STATUS, DELETE, *CREATES[:3], ERROR, *CREATES[3:], RESCALED],
             1,
             id="creation-fails-others-go-on",
         ),
@@ -229,18 +238,18 @@ def test_a_failed_status_write_is_counted_and_stops_the_pass_for_that_job() -> N
 
 
 def test_a_pass_applies_at_most_its_write_budget_and_wakes_the_next() -> None:
-    """Three new jobs, each a status write, a NetworkPolicy, a rendezvous pod and a Service (4
-    writes): a budget of 9 applies two whole plans, counts the third as deferred and wakes the loop
-    so the next pass applies it."""
+    """Three new jobs, each a status write, a NetworkPolicy, the rendezvous token's Secret, a
+    rendezvous pod and a Service (5 writes): a budget of 11 applies two whole plans, counts the third
+    as deferred and wakes the loop so the next pass applies it."""
     metrics = Metrics()
     cluster = FakeCluster()
     cluster.jobs = [raw_job(name) for name in ("a", "b", "c")]
-    loop = Reconciler(cluster, OperatorConfig(max_writes_per_pass=9), metrics)
+    loop = Reconciler(cluster, OperatorConfig(max_writes_per_pass=11), metrics)
     loop.relist()
     loop.run_pass(now=NOW)
     statuses = [name for operation, name in cluster.calls if operation == "patch_job_status"]
     assert sorted(statuses) == ["a", "b"]
-    assert len(cluster.calls) == 8
+    assert len(cluster.calls) == 10
     assert sample(metrics, "ebbflow_deferred_plans_total") == 1
     assert loop._wake.is_set()
 
@@ -430,3 +439,50 @@ def test_a_worker_created_clears_the_jobs_refusal() -> None:
     loop.io = FakeCluster()
     loop._apply(FULL)
     assert JOB.key not in loop._refusals
+
+
+class FakeDeclarer:
+    """Records each declaration (address, token, pods); raises `fail` while it is set."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, list[tuple[str, str]]]] = []
+        self.fail: DeclarationError | None = None
+
+    def declare(self, address: str, token: str, pods: Sequence[tuple[str, str]]) -> dict[str, str]:
+        self.calls.append((address, token, list(pods)))
+        if self.fail is not None:
+            raise self.fail
+        return {name: "removed" for name, _ in pods}
+
+
+GONE = DeclareGone("10.1.2.3:29401", (("train-worker-1", "its node n1 is gone"),))
+
+
+def test_dead_workers_are_declared_last_once_each_with_the_jobs_token() -> None:
+    """A failed declaration is counted and made again by the next pass that still sees the workers;
+    a declaration answered is never made again."""
+    cluster, declarer, metrics = FakeCluster(), FakeDeclarer(), Metrics()
+    applier = Reconciler(cluster, OperatorConfig(), metrics, declarer=declarer, token_key=b"key")
+    plan = with_writes(replace(FULL, declare_gone=GONE))
+    assert plan.writes[-1] == GONE
+    declarer.fail = DeclarationError("connection refused")
+    assert applier._apply(plan) == 0, "a declaration that fails is no API failure"
+    wait_for(
+        lambda: sample(metrics, "ebbflow_declared_workers_total", outcome="failed") == 1, 10, "a failure"
+    )
+    declarer.fail = None
+    applier._apply(plan)
+    wait_for(
+        lambda: sample(metrics, "ebbflow_declared_workers_total", outcome="removed") == 1, 10, "an answer"
+    )
+    applier._apply(plan)
+    applier._declaring.shutdown(wait=True)  # whatever the last apply sent has been sent
+    token = job_token(b"key", JOB.uid)
+    assert declarer.calls == [(GONE.address, token, list(GONE.pods))] * 2, "made again once, then never"
+    assert cluster.secrets[0]["stringData"] == {contract.RDZV_TOKEN_KEY: token}
+
+
+def test_every_operator_with_the_key_gives_a_job_the_same_token_and_another_job_another() -> None:
+    assert job_token(b"key", "uid-1") == job_token(b"key", "uid-1")
+    assert job_token(b"key", "uid-1") != job_token(b"key", "uid-2")
+    assert job_token(b"key", "uid-1") != job_token(b"other", "uid-1")

@@ -310,7 +310,7 @@ def test_this_pass(plans: list[Plan], budget: int, now: list[str], later: list[s
             with_writes(
                 replace(IDLE, create_rendezvous_pod=True, create_service=True, create_network_policy=True)
             ),
-            3,
+            4,  # and the rendezvous token's Secret
             id="children",
         ),
     ],

@@ -681,13 +681,49 @@ def test_rendezvous_pod_image_and_command(builder: JobBuilder, image: str, comma
     [rdzv] = pod["spec"]["containers"]
     assert (rdzv["image"], rdzv["command"]) == (image, command)
     port = job.spec.rendezvous.port
-    assert rdzv["ports"] == [{"name": "c10d", "containerPort": port}]
+    declarations = manifests.declarations_port(job)
+    assert rdzv["ports"] == [
+        {"name": "c10d", "containerPort": port},
+        {"name": "declarations", "containerPort": declarations},
+    ]
     assert env_of(rdzv) == {
         contract.ENV_JOB_NAME: "j",
         contract.ENV_NAMESPACE: job.namespace,
         contract.ENV_RDZV_ID: job.uid,
         contract.ENV_RDZV_PORT: str(port),
+        contract.ENV_MIN_REPLICAS: str(job.spec.replicas.min),
+        contract.ENV_MAX_REPLICAS: str(job.spec.replicas.max),
+        contract.ENV_DECLARATIONS_PORT: str(declarations),
     }
+
+
+@pytest.mark.parametrize(
+    ("port", "declarations"),
+    [
+        pytest.param(contract.RENDEZVOUS_PORT, contract.DECLARATIONS_PORT, id="default"),
+        pytest.param(contract.DECLARATIONS_PORT, contract.DECLARATIONS_PORT + 1, id="store-on-its-port"),
+    ],
+)
+def test_the_declarations_port_never_is_the_stores(port: int, declarations: int) -> None:
+    assert (
+        manifests.declarations_port(make_job(JobBuilder("j").set(rendezvous={"port": port}))) == declarations
+    )
+
+
+def test_the_rendezvous_pod_reads_its_token_from_the_jobs_secret_which_holds_none_in_a_plan() -> None:
+    job = make_job(JobBuilder("j"))
+    [rdzv] = manifests.rendezvous_pod(job)["spec"]["containers"]
+    [token] = [e for e in rdzv["env"] if e["name"] == contract.ENV_RDZV_TOKEN]
+    reference = {
+        "name": manifests.rendezvous_token_name("j"),
+        "key": contract.RDZV_TOKEN_KEY,
+        "optional": True,
+    }
+    assert token == {"name": contract.ENV_RDZV_TOKEN, "valueFrom": {"secretKeyRef": reference}}
+    secret = manifests.rendezvous_token_secret(job)
+    assert secret["metadata"]["name"] == manifests.rendezvous_token_name("j")
+    assert secret["metadata"]["ownerReferences"] == [manifests.owner_reference(job)]
+    assert "data" not in secret and "stringData" not in secret
 
 
 def test_rendezvous_pod_default_command_is_understood_by_the_trainer_cli() -> None:
@@ -772,7 +808,7 @@ def test_job_service(builder: JobBuilder, port: int) -> None:
     assert env[contract.ENV_RDZV_ENDPOINT] == manifests.rendezvous_endpoint(job)
 
 
-def test_network_policy_admits_only_the_jobs_pods_but_the_metrics_port() -> None:
+def test_network_policy_admits_only_the_jobs_pods_but_the_metrics_and_declarations_ports() -> None:
     job, other = make_job(JobBuilder("j")), make_job(JobBuilder("other"))
     policy = manifests.network_policy(job)
     assert policy["metadata"]["name"] == manifests.network_policy_name("j")
@@ -785,12 +821,14 @@ def test_network_policy_admits_only_the_jobs_pods_but_the_metrics_port() -> None
     stranger = manifests.worker_pod(other, 0, world_generation=1)
     assert selects(protected, worker) and selects(protected, rendezvous)
     assert not selects(protected, stranger)
-    from_pods, metrics = spec["ingress"]
+    from_pods, metrics, declarations = spec["ingress"]
     admitted = {"spec": {"selector": from_pods["from"][0]["podSelector"]["matchLabels"]}}
     assert set(from_pods) == {"from"}, "the job's own pods reach every port"
     assert selects(admitted, worker) and selects(admitted, rendezvous)
     assert not selects(admitted, stranger)
     assert metrics == {"ports": [{"protocol": "TCP", "port": contract.METRICS_PORT}]}, "metrics from anywhere"
+    port = manifests.declarations_port(job)
+    assert declarations == {"ports": [{"protocol": "TCP", "port": port}]}, "the operator's declarations"
 
 
 def test_rendezvous_pod_meets_the_restricted_pod_security_standard() -> None:

@@ -67,7 +67,14 @@ from ebbflow_operator.decision.planner import (
     writes_of,
 )
 from ebbflow_operator.decision.status import FAILED, PREEMPTED, READY, SCHEDULABLE, SUCCEEDED, ConditionUpdate
-from ebbflow_operator.decision.writes import AnnotatePod, CreateChild, DeletePod, PatchStatus, Write
+from ebbflow_operator.decision.writes import (
+    AnnotatePod,
+    CreateChild,
+    DeclareGone,
+    DeletePod,
+    PatchStatus,
+    Write,
+)
 
 CONFIG = PlannerConfig(pending_timeout=60, hold_seconds=300)
 EVICTING = Taint("ebbflow.dev/spot-termination", "NoExecute", "true")
@@ -1447,11 +1454,14 @@ FULL_PLAN = Plan(
     update_global_batch=(BatchUpdate("w-worker-0", "uid-0", 64),),
     update_memory_budget=(BudgetUpdate("w-worker-1", "uid-1", 2048),),
     events=(Event("Normal", "Rescaled", "3 -> 2 workers"),),
+    declare_gone=DeclareGone("10.0.0.9:29401", (("w-worker-2", "its node n2 is gone"),)),
 )
 
 
 def described(write: Write) -> tuple[str, str]:
     match write:
+        case DeclareGone(address, pods):
+            return ("declare", f"{address} {','.join(name for name, _ in pods)}")
         case PatchStatus(patch):
             return ("status", ",".join(sorted(patch)))
         case DeletePod(name, _, grace_seconds):
@@ -1474,13 +1484,15 @@ def described(write: Write) -> tuple[str, str]:
                 ("status", "desiredReplicas"),
                 ("delete", "w-worker-3 grace 30"),
                 ("create NetworkPolicy", manifests.network_policy_name("w")),
+                ("create Secret", manifests.rendezvous_token_name("w")),
                 ("create Pod", manifests.rendezvous_name("w")),
                 ("create Service", manifests.service_name("w")),
                 ("create Pod", "w-worker-4"),
                 ("annotate", f"w-worker-0 {{'{contract.ANNOTATION_GLOBAL_BATCH_SIZE}': '64'}}"),
                 ("annotate", f"w-worker-1 {{'{contract.ANNOTATION_MEMORY_BUDGET}': '2048'}}"),
+                ("declare", "10.0.0.9:29401 w-worker-2"),
             ],
-            id="status-deletions-policy-store-service-workers-annotations",
+            id="status-deletions-policy-secret-store-service-workers-annotations-declaration",
         ),
     ],
 )

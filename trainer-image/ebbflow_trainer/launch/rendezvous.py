@@ -28,6 +28,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+from ebbflow_api import contract
+
 # torch re-exports its store classes from a C extension without declaring them public to type checkers.
 from torch.distributed import (  # type: ignore[attr-defined]
     DistNetworkError,
@@ -49,8 +51,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousTimeout,
 )
 
-from ebbflow_trainer.config import TrainerConfig
-from ebbflow_trainer.launch import liveness, membership
+from ebbflow_trainer.config import ConfigError, TrainerConfig
+from ebbflow_trainer.launch import declarations, liveness, membership
 from ebbflow_trainer.launch.journal import Journal
 
 log = logging.getLogger(__name__)
@@ -131,8 +133,21 @@ def _reason(error: OSError | None) -> str:
 
 
 def serve(host: str, port: int, port_file: str | None) -> int:
-    """Serve the job's store until SIGTERM/SIGINT; the store outlives every worker."""
+    """Serve the job's store until SIGTERM/SIGINT; the store outlives every worker. With the job's
+    token in the environment, serve the operator's declarations of deaths too (:mod:`.declarations`)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        endpoint_settings = declarations.settings_from_environment(os.environ)
+    except ConfigError as error:
+        print(f"ebbflow rendezvous: {error}", file=sys.stderr, flush=True)
+        return contract.EXIT_INVALID_CONFIG
     store = TCPStore(host, port, is_master=True, wait_for_workers=False, multi_tenant=True)
+    endpoint = None
+    if endpoint_settings is not None:
+        client = TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=30))
+        remover = declarations.Remover(client, endpoint_settings.rendezvous)
+        endpoint = declarations.DeclarationEndpoint(endpoint_settings.port, endpoint_settings.token, remover)
+        print(f"ebbflow rendezvous: the operator's declarations on port {endpoint.port}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -143,6 +158,8 @@ def serve(host: str, port: int, port_file: str | None) -> int:
         os.replace(temporary, written)
     print(f"ebbflow rendezvous store serving on {host}:{store.port}", flush=True)
     stop.wait()
+    if endpoint is not None:
+        endpoint.close()
     return 0
 
 
@@ -252,6 +269,8 @@ class GenerationRendezvousHandler(RendezvousHandler):
             store = connect(config, config.store_timeout, connect_timeout=CONNECT_TIMEOUT)
             delegate = self._new_delegate(store)
             store.set(liveness.liveness_key(repr(delegate._this_node)), self._liveness.address)
+            if config.pod_name:  # where the operator's declarations of a dead pod find its node
+                store.set(declarations.pod_key(config.pod_name), repr(delegate._this_node))
         except (RuntimeError, RendezvousError) as error:  # e.g. it went away again meanwhile
             log.info("a store answers at %s, but connecting failed (%s)", config.rdzv_endpoint, error)
             return False
