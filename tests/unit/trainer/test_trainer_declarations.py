@@ -118,7 +118,7 @@ def _store_with_world(*nodes: torch_rdzv._NodeDesc, generation: int = 7) -> Hash
         state.last_heartbeats[node] = datetime.now(UTC)
         store.set(declarations.pod_key(f"pod-{node.pid}"), repr(node))
     C10dRendezvousBackend(store, RUN_ID).set_state(pickle.dumps(state))
-    store.add(declarations.GENERATION_COUNTER, generation)
+    store.add(membership.GENERATION_COUNTER, generation)
     return store
 
 

@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
 REMOVE_TIMEOUT_S = 10.0  # for torch's exit operation to sync the state with the store
-GENERATION_COUNTER = "ebbflow/generation-counter"  # the newest generation handed out (rendezvous.py)
 # What a declaration did to each pod named (the response's values).
 REMOVED, NOT_A_MEMBER, UNKNOWN_POD = "removed", "not a member", "unknown pod"
 
@@ -162,7 +161,7 @@ class Remover:
         holder.sync()
         if parse_node(node) not in holder.state.participants:
             return NOT_A_MEMBER
-        generation = int(self._store.add(GENERATION_COUNTER, 0))
+        generation = int(self._store.add(membership.GENERATION_COUNTER, 0))
         key = membership.departure_key(generation, node)
         self._store.compare_set(key, "", membership.GONE_PREFIX + f"declared by the operator: {evidence}")
         executor = dynamic_rendezvous._DistributedRendezvousOpExecutor(

@@ -48,6 +48,10 @@ def _poll_delay(seconds: float | tuple[float, float]) -> None:
 dynamic_rendezvous._delay = _poll_delay  # type: ignore[attr-defined]  # torch's module-level helper
 
 
+# The store key counting the job's generations: the newest one handed out (a round's rank 0 adds 1).
+GENERATION_COUNTER = "ebbflow/generation-counter"
+
+
 def departure_key(generation: int, node: str) -> str:
     """The store key saying that `node` (torch's node descriptor, as text) left generation's world."""
     return f"ebbflow/departed/{generation}/{node}"

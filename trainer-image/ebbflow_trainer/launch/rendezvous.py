@@ -56,7 +56,6 @@ from ebbflow_trainer.launch import declarations, liveness, membership
 from ebbflow_trainer.launch.journal import Journal
 
 log = logging.getLogger(__name__)
-_GENERATION_COUNTER = "ebbflow/generation-counter"
 _ROUND_GENERATION = "ebbflow/generation"
 # A store call failing with one of these means the store process is gone (torch wraps the client's
 # DistNetworkError in RendezvousConnectionError); a DistStoreError alone is a key that never came.
@@ -338,7 +337,7 @@ class GenerationRendezvousHandler(RendezvousHandler):
         rank, world_size, round_store = membership.join_round(delegate, join)
         self._round_delegate = delegate
         if rank == 0:
-            generation = store.add(_GENERATION_COUNTER, 1)
+            generation = store.add(membership.GENERATION_COUNTER, 1)
             round_store.set(_ROUND_GENERATION, str(generation))
         last_generation, last_world = self._last_generation, self._last_world
         self._last_generation = int(round_store.get(_ROUND_GENERATION).decode())
@@ -372,9 +371,11 @@ class GenerationRendezvousHandler(RendezvousHandler):
     def _raise_generation_floor(self, store: TCPStore) -> None:
         """A new store counts generations from zero: lift its counter to the newest generation this node
         ran. Every member does so before joining, hence before the round's rank 0 takes the next number."""
-        current = int(store.add(_GENERATION_COUNTER, 0))
+        current = int(store.add(membership.GENERATION_COUNTER, 0))
         while current < self._last_generation:
-            swapped = store.compare_set(_GENERATION_COUNTER, str(current), str(self._last_generation))
+            swapped = store.compare_set(
+                membership.GENERATION_COUNTER, str(current), str(self._last_generation)
+            )
             current = int(swapped)
 
     def num_nodes_waiting(self) -> int:
