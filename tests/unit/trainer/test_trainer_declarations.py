@@ -108,13 +108,18 @@ def test_the_endpoint_settings_come_from_the_rendezvous_pods_environment(
             declarations.settings_from_environment(env)
 
 
-def _store_with_world(*nodes: torch_rdzv._NodeDesc, generation: int = 7) -> HashStore:
-    """A store holding a completed round of `nodes`, each published under pod `pod-<pid>`."""
+def _store_with_world(
+    *nodes: torch_rdzv._NodeDesc, generation: int = 7, waiting: tuple[torch_rdzv._NodeDesc, ...] = ()
+) -> HashStore:
+    """A store holding a completed round of `nodes` and `waiting` nodes on its wait list, each
+    published under pod `pod-<pid>`."""
     store = HashStore()
     state = torch_rdzv._RendezvousState()
     state.complete = True
     for rank, node in enumerate(nodes):
         state.participants[node] = rank
+    state.wait_list.update(waiting)
+    for node in (*nodes, *waiting):
         state.last_heartbeats[node] = datetime.now(UTC)
         store.set(declarations.pod_key(f"pod-{node.pid}"), repr(node))
     C10dRendezvousBackend(store, RUN_ID).set_state(pickle.dumps(state))
@@ -122,10 +127,15 @@ def _store_with_world(*nodes: torch_rdzv._NodeDesc, generation: int = 7) -> Hash
     return store
 
 
-def _participants(store: HashStore) -> set[torch_rdzv._NodeDesc]:
+def _state(store: HashStore) -> torch_rdzv._RendezvousState:
     saved = C10dRendezvousBackend(store, RUN_ID).get_state()
     assert saved is not None
-    return set(pickle.loads(saved[0]).participants)
+    state: torch_rdzv._RendezvousState = pickle.loads(saved[0])
+    return state
+
+
+def _participants(store: HashStore) -> set[torch_rdzv._NodeDesc]:
+    return set(_state(store).participants)
 
 
 def test_a_declared_pod_leaves_the_rendezvous_with_its_departure_recorded() -> None:
@@ -158,3 +168,16 @@ def test_heartbeats_never_expire_at_the_declarations_hand() -> None:
     C10dRendezvousBackend(store, RUN_ID).set_state(pickle.dumps(state), saved[1])
     declarations.Remover(store, declarations.Rendezvous(RUN_ID, 1, 3)).declare({"pod-102": "pod failed"})
     assert _participants(store) == {A}
+
+
+def test_a_declared_pod_waiting_to_join_leaves_the_wait_list() -> None:
+    """A newcomer that died while waiting for the next round: off the wait list, no departure (it was
+    in no world)."""
+    c = torch_rdzv._NodeDesc("10.0.0.3", 103, 0)
+    store = _store_with_world(A, B, waiting=(c,))
+    answer = declarations.Remover(store, declarations.Rendezvous(RUN_ID, 1, 3)).declare(
+        {"pod-103": "node gone"}
+    )
+    assert answer == {"pod-103": declarations.REMOVED}
+    assert _state(store).wait_list == set() and _participants(store) == {A, B}
+    assert not store.check([membership.departure_key(7, repr(c))])

@@ -4,10 +4,11 @@ node from the job's rendezvous at once, as its own leave would.
 The operator sees a worker pod fail or its node go within a watch event; the survivors may see
 nothing (a vanished host answers no probe, so :mod:`.liveness` has no evidence). It POSTs the pods
 to ``/v1/gone`` on the rendezvous pod with the job's token (``Authorization: Bearer``), and for each
-pod this process looks up the node its launcher published (:func:`pod_key`), records the departure
-from the newest generation with the operator's evidence (:func:`.membership.departure_key`) and runs
-torch's exit operation on that node's behalf. The survivors then re-form as after a graceful leave:
-their poll sees a member gone, their next round knows its members.
+pod this process looks up the node its launcher published (:func:`pod_key`); a member of the round
+gets its departure from the newest generation recorded with the operator's evidence
+(:func:`.membership.departure_key`), and leaves the round (or the wait list, a newcomer) as its own
+exit would (:class:`DeclaredGoneOp`, run on its behalf). The survivors then re-form as after a
+graceful leave: their poll sees a member gone, their next round knows its members.
 
 Invariants: nothing is removed without the job's token (compared in constant time); only nodes that
 this job's launchers published can be named; a declaration repeated, or of a node already gone, is
@@ -154,28 +155,39 @@ class Remover:
     def _declare_one(self, pod: str, evidence: str) -> str:
         if not self._store.check([pod_key(pod)]):
             return UNKNOWN_POD
-        node = self._store.get(pod_key(pod)).decode()
+        text = self._store.get(pod_key(pod)).decode()
+        node = parse_node(text)
         holder = dynamic_rendezvous._BackendRendezvousStateHolder(
             self._backend, self._settings, cache_duration=0
         )
         holder.sync()
-        if parse_node(node) not in holder.state.participants:
+        state = holder.state
+        if node not in state.participants and node not in state.wait_list:
             return NOT_A_MEMBER
-        generation = int(self._store.add(membership.GENERATION_COUNTER, 0))
-        key = membership.departure_key(generation, node)
-        self._store.compare_set(key, "", membership.GONE_PREFIX + f"declared by the operator: {evidence}")
-        executor = dynamic_rendezvous._DistributedRendezvousOpExecutor(
-            parse_node(node), holder, self._settings
-        )
-        executor.run(dynamic_rendezvous._RendezvousExitOp(), time.monotonic() + REMOVE_TIMEOUT_S)
-        log.warning(
-            "pod %s (node %s of generation %d) declared gone by the operator: %s",
-            pod,
-            node,
-            generation,
-            evidence,
-        )
+        if node in state.participants:  # a member of the newest world: its departure says why
+            generation = int(self._store.add(membership.GENERATION_COUNTER, 0))
+            key = membership.departure_key(generation, text)
+            self._store.compare_set(key, "", membership.GONE_PREFIX + f"declared by the operator: {evidence}")
+        executor = dynamic_rendezvous._DistributedRendezvousOpExecutor(node, holder, self._settings)
+        executor.run(DeclaredGoneOp(), time.monotonic() + REMOVE_TIMEOUT_S)
+        log.warning("pod %s (node %s) declared gone by the operator: %s", pod, text, evidence)
         return REMOVED
+
+
+class DeclaredGoneOp:
+    """Torch's exit operation run for a node that cannot run it: out of the round's participants, as
+    its own leave would take it, or off the wait list of a node that was waiting to join."""
+
+    def __call__(
+        self, ctx: dynamic_rendezvous._RendezvousContext, deadline: float
+    ) -> dynamic_rendezvous._Action:
+        if ctx.node not in ctx.state.participants and ctx.node not in ctx.state.wait_list:
+            return dynamic_rendezvous._Action.FINISH
+        if time.monotonic() > deadline:
+            return dynamic_rendezvous._Action.ERROR_TIMEOUT
+        if ctx.node in ctx.state.participants:
+            return dynamic_rendezvous._Action.REMOVE_FROM_PARTICIPANTS
+        return dynamic_rendezvous._Action.REMOVE_FROM_WAIT_LIST
 
 
 class DeclarationEndpoint:
