@@ -27,9 +27,11 @@ from ebbflow_devtools.testing.trainer_cluster import (
     running_job,
 )
 from ebbflow_devtools.waiting import wait_for
+from ebbflow_trainer.__main__ import STOPPED_BEFORE_JOINING
 
 HERE = Path(__file__).resolve().parent
 CORRUPT_DIGITS = str(HERE / "corrupt_digits.py")
+SLOW_LOADING_DIGITS = str(HERE / "slow_loading_digits.py")
 STEPS = 30  # within the digits' first epoch (56 steps at B=32), see corrupt_digits.py
 CORRUPT_STEP = 10  # 0-based index: the journal calls it step 11
 CLEAN_STEPS = 10  # what a diverged job keeps: the state after the last finite step
@@ -208,3 +210,20 @@ def test_sigterm_while_waiting_in_the_rendezvous_is_a_graceful_leave(tmp_path: P
         node.terminate()
         assert job.wait_all([node], 120) == [contract.EXIT_SUCCESS], job.logs()
     assert not node.events("step")
+
+
+def test_sigterm_while_the_launcher_starts_leaves_at_once(tmp_path: Path) -> None:
+    """A pod deleted while its launcher starts (here: loading a slow training script, before it joins
+    the rendezvous) exits 0 at once and says so. In a pod the launcher is PID 1, where a signal with
+    no handler is discarded: it would join, train, and be killed when the grace period ran out."""
+    loading, loaded = tmp_path / "loading.marker", tmp_path / "loaded.marker"
+    with running_job(tmp_path, script=SLOW_LOADING_DIGITS, steps=5) as job:
+        env = job.environment(LOADING_MARKER=str(loading), LOADED_MARKER=str(loaded))
+        node = job.start_node(env=env)
+        wait_for(loading.exists, 120, "the launcher loading its training script")
+        node.terminate()
+        code = node.process.wait(timeout=30)
+    log = node.log.read_text(errors="replace")
+    assert code == contract.EXIT_SUCCESS, log
+    assert STOPPED_BEFORE_JOINING in log, log
+    assert "attempts to join" not in log, log

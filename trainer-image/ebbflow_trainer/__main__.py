@@ -1,21 +1,49 @@
 """``ebbflow-train``: ``run`` (a TrainingSpec script) or ``torchrun`` (a script written for torchrun) in
-every worker pod, ``rendezvous`` in the job's rendezvous pod."""
+every worker pod, ``rendezvous`` in the job's rendezvous pod.
+
+Invariant: SIGTERM is handled from the first statement of `main` on. A pod whose ``command:`` names
+``ebbflow-train`` (every example's does; it replaces the image's tini entrypoint) runs it as PID 1, and
+the kernel discards a signal PID 1 has no handler for: a pod deleted while its launcher starts would
+otherwise join, train and be killed when its grace period ran out. Until the launcher or the store
+takes the signal over, SIGTERM means: nothing joined yet, exit 0 at once (`STOPPED_BEFORE_JOINING`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import signal
 import sys
 from typing import TYPE_CHECKING
 
 from ebbflow_api import contract
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from ebbflow_trainer.config import TrainerConfig
+
+STOPPED_BEFORE_JOINING = (
+    "ebbflow-train: asked to stop (SIGTERM) before joining the job: nothing to hand over, leaving"
+)
+
+
+class _StoppedBeforeJoining(BaseException):
+    """SIGTERM before the launcher or the store took it over. A BaseException, so that no ``except
+    Exception`` on the way (a training script's import, for one) swallows it."""
+
+
+def _stop_before_joining(entry_pid: int, signum: int, frame: FrameType | None) -> None:
+    if os.getpid() != entry_pid:  # a process forked before the launcher took the signal over
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    raise _StoppedBeforeJoining
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ebbflow-train", description=__doc__)
+    parser = argparse.ArgumentParser(prog="ebbflow-train", description=(__doc__ or "").split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
     rdzv = commands.add_parser("rendezvous", help="serve the job's rendezvous store (the rendezvous pod)")
@@ -138,6 +166,19 @@ def _add_timeouts(run: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    previous = signal.signal(signal.SIGTERM, functools.partial(_stop_before_joining, os.getpid()))
+    try:
+        return _command(argv)
+    except _StoppedBeforeJoining:
+        print(STOPPED_BEFORE_JOINING, file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # At once: a thread or forkserver started before the signal has nothing to finish.
+        os._exit(contract.EXIT_SUCCESS)
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # for a caller in the same process (tests)
+
+
+def _command(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "rendezvous":
         from ebbflow_trainer.launch.rendezvous import serve

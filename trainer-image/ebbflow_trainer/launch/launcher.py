@@ -127,10 +127,9 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
 
     def leave_when_asked(signum: int, frame: object) -> None:
         """Torch installs this only once workers start; a pod deleted during the first rendezvous
-        would otherwise die of the signal itself instead of leaving."""
+        must leave it (the agent's shutdown, `handler.leave`), not just exit."""
         raise SignalException(f"process {os.getpid()} got signal {signum}", sigval=signal.Signals(signum))
 
-    signal.signal(signal.SIGTERM, leave_when_asked)
     agent = EbbflowAgent(
         spec,
         logs_specs=DefaultLogsSpecs(),
@@ -139,6 +138,8 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
         # The worker gets the pod's grace period, less a margin for the agent to exit.
         **shutdown_option(EbbflowAgent, max(1, config.leave_grace_seconds - LAUNCHER_MARGIN_S)),
     )
+    # Taken over from the entrypoint's "stopped before joining" right where the leave is handled.
+    signal.signal(signal.SIGTERM, leave_when_asked)
     try:
         result = agent.run()
         if result is None or result.state == WorkerState.SUCCEEDED:
