@@ -139,7 +139,8 @@ class PodSpec(OpenModel):
 
 class PodTemplate(ApiModel):
     """The worker PodTemplateSpec. The operator adds the contract's labels and environment, sets
-    restartPolicy Never and terminationGracePeriodSeconds to leaveGraceSeconds."""
+    restartPolicy Never and terminationGracePeriodSeconds to leaveGraceSeconds, and
+    shareProcessNamespace true unless the template sets it."""
 
     metadata: dict[str, Any] | None = None
     spec: PodSpec

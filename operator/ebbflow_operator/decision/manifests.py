@@ -18,6 +18,10 @@ WORKER_NAME = re.compile(r"^(?P<job>.+)-worker-(?P<index>\d+)$")
 # there, and the kubelet copies it into the container's state.terminated.message.
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 RENDEZVOUS_USER = 65532  # the trainer image's unprivileged user
+# The job's pods share one process namespace (unless a worker template says otherwise), so the pause
+# container is PID 1 and the trainer's process is not: a SIGTERM that comes before the process takes
+# it ends the process at once, where PID 1 would discard it and train on until its grace period ends.
+SHARE_PROCESS_NAMESPACE = True
 # spec.maxGlobalBatchSize: the downward-API volume projecting the worker's global-batch-size
 # annotation, and where the trainer finds it (contract.ENV_GLOBAL_BATCH_SIZE_FILE).
 BATCH_VOLUME = "ebbflow-global-batch"
@@ -228,6 +232,7 @@ def worker_pod(
         spec["tolerations"] = [*(spec.get("tolerations") or []), *placement.tolerations]
     spec["restartPolicy"] = "Never"
     spec["terminationGracePeriodSeconds"] = job.spec.leave_grace_seconds
+    spec.setdefault("shareProcessNamespace", SHARE_PROCESS_NAMESPACE)
     spec["hostname"] = worker_name(job.name, index)
     spec["subdomain"] = service_name(job.name)
     account = trainer_service_account(service_accounts or {}, job.namespace)
@@ -275,6 +280,7 @@ def rendezvous_pod(job: Job) -> Json:
     command = rendezvous.command or default
     spec: Json = {
         "restartPolicy": "Always",
+        "shareProcessNamespace": SHARE_PROCESS_NAMESPACE,
         # Its DNS name under the job's headless Service is the workers' rendezvous endpoint.
         "hostname": rendezvous_name(job.name),
         "subdomain": service_name(job.name),

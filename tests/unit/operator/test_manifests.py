@@ -255,6 +255,21 @@ def test_worker_pod_grace_is_leave_grace(builder: JobBuilder, grace: int) -> Non
     assert env_of(trainer)[contract.ENV_LEAVE_GRACE_SECONDS] == str(grace)
 
 
+@pytest.mark.parametrize(
+    ("builder", "shared"),
+    [
+        pytest.param(JobBuilder("j"), True, id="default"),
+        pytest.param(JobBuilder("j").pod_spec(shareProcessNamespace=False), False, id="template-says-no"),
+    ],
+)
+def test_the_trainer_is_not_pid_1_unless_the_template_says_so(builder: JobBuilder, shared: bool) -> None:
+    """PID 1 discards a signal it has no handler for: a worker deleted while its process starts
+    would train on until its grace period ends (docs/trainer.md)."""
+    job = make_job(builder)
+    assert manifests.worker_pod(job, 0, world_generation=1)["spec"]["shareProcessNamespace"] is shared
+    assert manifests.rendezvous_pod(job)["spec"]["shareProcessNamespace"] is True
+
+
 def test_worker_pod_keeps_the_rest_of_the_template() -> None:
     job = full_job()
     spec = manifests.worker_pod(job, 0, world_generation=1)["spec"]

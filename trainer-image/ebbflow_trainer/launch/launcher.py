@@ -126,8 +126,8 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
     handler.on_generation = start_generation
 
     def leave_when_asked(signum: int, frame: object) -> None:
-        """Torch installs this only once workers start; a pod deleted during the first rendezvous
-        must leave it (the agent's shutdown, `handler.leave`), not just exit."""
+        """From the entrypoint's "stopped before joining" on (torch installs its own only once workers
+        start): a pod deleted during the first rendezvous leaves it (`handler.leave`), not just exits."""
         raise SignalException(f"process {os.getpid()} got signal {signum}", sigval=signal.Signals(signum))
 
     agent = EbbflowAgent(
@@ -138,7 +138,6 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
         # The worker gets the pod's grace period, less a margin for the agent to exit.
         **shutdown_option(EbbflowAgent, max(1, config.leave_grace_seconds - LAUNCHER_MARGIN_S)),
     )
-    # Taken over from the entrypoint's "stopped before joining" right where the leave is handled.
     signal.signal(signal.SIGTERM, leave_when_asked)
     try:
         result = agent.run()
