@@ -26,6 +26,8 @@ KILL_AT_STEP = 10
 # until the world has trained this many steps without it.
 DOWN_SECONDS = 3.0
 STEPS_WITHOUT_STORE = 10
+# What a survivor logs when its first round on the new store, past its last call, awaits another.
+AWAITING_SURVIVORS = "the first round on the new store waits for"
 
 
 def _step(node: Node) -> int:
@@ -92,6 +94,34 @@ def test_a_new_store_at_the_same_address_lets_the_world_re_form_from_memory(
         assert after, f"the world never re-formed on the new store\n{job.logs()}"
         _assert_resumed_where_the_old_world_stopped(nodes, before, after, size=2)
         assert max(r["step"] for n in nodes for r in n.events("step")) == 200
+        final = job.final_checkpoint()
+    assert_bitwise_equal(final, calm_reference)
+
+
+def test_a_survivor_late_to_the_new_store_is_awaited_and_the_world_re_forms_from_memory(
+    tmp_path: Path, calm_reference: dict[str, Any]
+) -> None:
+    """One survivor finds the new store long after the other (its launcher stopped meanwhile): the
+    early one, which could form a world alone (the minimum is 1), holds its round past the last call
+    because the late one's launcher still answers, and the two re-form together from memory."""
+    with running_job(tmp_path, min_replicas=1, max_replicas=2, extra_args=SLOW_STEPS) as job:
+        early, late = nodes = [job.start_node() for _ in range(2)]
+        lost_at, _ = _lose_the_store(job, nodes)
+        late.pause_launcher()
+        job.restart_rendezvous()
+
+        def early_awaits_or_formed() -> bool:
+            awaits = AWAITING_SURVIVORS in early.log.read_text()
+            return awaits or any(g["time"] >= lost_at for g in early.events("generation"))
+
+        wait_for(early_awaits_or_formed, 120, "the early survivor's first round on the new store")
+        late.resume_launcher()
+        assert AWAITING_SURVIVORS in early.log.read_text(), job.logs()
+        assert job.wait_all(nodes, 300) == [0, 0], job.logs()
+
+        before = [g for g in _generations(nodes) if g["time"] < lost_at]
+        after = [g for g in _generations(nodes) if g["time"] >= lost_at]
+        _assert_resumed_where_the_old_world_stopped(nodes, before, after, size=2)
         final = job.final_checkpoint()
     assert_bitwise_equal(final, calm_reference)
 

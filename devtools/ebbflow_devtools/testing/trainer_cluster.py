@@ -101,6 +101,14 @@ class Node:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
 
+    def pause_launcher(self) -> None:
+        """A launcher slow to notice anything (a loaded node): the launcher alone stopped (SIGSTOP),
+        its workers training on; its liveness port still accepts."""
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume_launcher(self) -> None:
+        self.process.send_signal(signal.SIGCONT)
+
     def terminate(self) -> None:
         """What a pod deletion does first: SIGTERM to the container's main process."""
         self.process.send_signal(signal.SIGTERM)

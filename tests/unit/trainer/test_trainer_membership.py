@@ -10,7 +10,7 @@ from ebbflow_trainer.launch import membership
 from torch.distributed import HashStore  # type: ignore[attr-defined]
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as torch_rdzv
 
-A, B, C, D = (torch_rdzv._NodeDesc(f"10.0.0.{i}", 100 + i, 0) for i in range(1, 5))
+A, B, C, D, E = (torch_rdzv._NodeDesc(f"10.0.0.{i}", 100 + i, 0) for i in range(1, 6))
 
 
 @pytest.mark.parametrize(
@@ -43,6 +43,7 @@ def _context(
     waiting: tuple[torch_rdzv._NodeDesc, ...] = (),
     complete: bool = False,
     min_nodes: int = 2,
+    last_call_passed: bool = False,
 ) -> torch_rdzv._RendezvousContext:
     state = torch_rdzv._RendezvousState()
     state.participants = {p: 0 for p in participants}
@@ -50,8 +51,9 @@ def _context(
     state.complete = complete
     now = datetime.now(UTC)
     state.last_heartbeats = {p: now for p in (*participants, *waiting)}
-    # The last call torch would wait out: an hour, so that only the early completion can end the round.
-    state.deadline = now + timedelta(hours=1)
+    # The last call torch would wait out: an hour, so that only the early completion can end the round
+    # (or an hour ago, so that torch's operation completes it).
+    state.deadline = now + timedelta(hours=-1 if last_call_passed else 1)
     settings = torch_rdzv.RendezvousSettings(
         run_id="job",
         min_nodes=min_nodes,
@@ -144,6 +146,94 @@ def test_a_straggler_not_found_gone_is_left_to_torch_and_asked_about_at_most_eve
     assert join(context, deadline=float("inf")) == torch_rdzv._Action.SYNC
     assert [repr(p) for p in context.state.participants] == [repr(p) for p in participants]
     assert departures.asked == ["confirm_gone"] * asks
+
+
+@pytest.mark.parametrize(
+    ("participants", "released", "awaited"),
+    [
+        pytest.param({"a"}, set(), {"b", "c"}, id="none-in-yet"),
+        pytest.param({"a", "b"}, set(), {"c"}, id="b-joined"),
+        pytest.param({"a"}, {"c"}, {"b"}, id="c-released"),
+        pytest.param({"a", "b", "c"}, set(), set(), id="all-in"),
+    ],
+)
+def test_the_survivors_awaited_are_those_neither_in_nor_released(
+    participants: set[str], released: set[str], awaited: set[str]
+) -> None:
+    assert membership.awaited_survivors({"b": "x", "c": "y"}, participants, released) == awaited
+
+
+class Ports:
+    """Liveness ports by address: those in `accepting` accept; every probe recorded."""
+
+    def __init__(self, *accepting: str) -> None:
+        self.accepting = set(accepting)
+        self.probed: list[str] = []
+
+    def accepts(self, address: str) -> bool:
+        self.probed.append(address)
+        return address in self.accepting
+
+
+PEERS = {"b": "10.0.0.2:41", "c": "10.0.0.3:41"}
+
+
+def _no_departures(nodes: frozenset[str]) -> frozenset[str]:
+    return frozenset()
+
+
+def test_survivors_whose_launchers_answer_are_awaited_and_asked_at_most_every_interval() -> None:
+    ports = Ports(PEERS["b"])  # c was lost with the store: its address answers nothing
+    survivors = membership.SurvivorsOnANewStore(PEERS, until=100.0, accepts=ports.accepts)
+    assert survivors.awaited({"a"}, _no_departures, now=10.0) == {"b"}
+    assert sorted(ports.probed) == sorted(PEERS.values())
+    assert survivors.awaited({"a"}, _no_departures, now=10.1) == {"b"}  # within the interval: not asked
+    assert len(ports.probed) == 2
+    next_check = 10.0 + membership.LIVENESS_CHECK_INTERVAL_S
+    assert survivors.awaited({"a"}, _no_departures, now=next_check) == {"b"}
+    assert ports.probed[2:] == [PEERS["b"]]  # c, released, is never asked again
+    assert survivors.awaited({"a", "b"}, _no_departures, now=next_check + 1) == set()
+
+
+def test_a_survivor_that_stops_answering_or_departs_is_no_longer_awaited() -> None:
+    ports = Ports(*PEERS.values())
+    survivors = membership.SurvivorsOnANewStore(PEERS, until=100.0, accepts=ports.accepts)
+    assert survivors.awaited({"a"}, _no_departures, now=10.0) == {"b", "c"}
+    ports.accepting.discard(PEERS["b"])  # its launcher died meanwhile
+
+    def c_departed(nodes: frozenset[str]) -> frozenset[str]:
+        return nodes & {"c"}
+
+    assert survivors.awaited({"a"}, c_departed, now=11.0) == set()
+    assert ports.probed[2:] == [PEERS["b"]]  # c's recorded departure needs no probe
+    ports.accepting.add(PEERS["b"])  # once released, released for this round
+    assert survivors.awaited({"a"}, _no_departures, now=12.0) == set()
+
+
+def test_survivors_are_awaited_until_the_budget_passes() -> None:
+    ports = Ports(*PEERS.values())
+    survivors = membership.SurvivorsOnANewStore(PEERS, until=20.0, accepts=ports.accepts)
+    assert survivors.awaited({"a"}, _no_departures, now=19.9) == {"b", "c"}
+    assert survivors.awaited({"a"}, _no_departures, now=20.0) == set()
+    assert survivors.awaited({"a"}, _no_departures, now=20.6) == set()  # given up for good
+
+
+@pytest.mark.parametrize(
+    ("participants", "accepting", "action"),
+    [
+        pytest.param([A], (PEERS["b"],), "SYNC", id="b-answers-held-past-the-last-call"),
+        pytest.param([A], (), "MARK_RENDEZVOUS_COMPLETE", id="nobody-answers-torch-completes"),
+        pytest.param([A, C, D, E], (PEERS["b"],), "MARK_RENDEZVOUS_COMPLETE", id="a-full-round-is-not-held"),
+    ],
+)
+def test_the_first_round_on_a_new_store_is_not_completed_while_survivors_are_awaited(
+    participants: list[torch_rdzv._NodeDesc], accepting: tuple[str, ...], action: str
+) -> None:
+    peers = {repr(B): PEERS["b"]}
+    context = _context(A, participants, min_nodes=1, last_call_passed=True)
+    survivors = membership.SurvivorsOnANewStore(peers, until=float("inf"), accepts=Ports(*accepting).accepts)
+    join = membership.KnownMembershipJoinOp(frozenset({repr(A), *peers}), 7, FakeDepartures(), survivors)
+    assert join(context, deadline=float("inf")) == torch_rdzv._Action[action]
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ connection accepted, as a frozen process's kernel still does; a timeout, as a va
 gives) is no evidence, and such a node is left to heartbeat expiry.
 
 Invariants: a live launcher's endpoint accepts every probe (a thread accepts and closes, so the
-backlog never fills); :func:`refused` answers True only for ECONNREFUSED; a probe takes at most
-``PROBE_TIMEOUT_S``.
+backlog never fills); :func:`refused` answers True only for ECONNREFUSED, :func:`accepts` only for
+an accepted connection; a probe takes at most ``PROBE_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -63,13 +63,22 @@ class LivenessEndpoint:
         self._acceptor.join(timeout=CLOSE_TIMEOUT_S)
 
 
-def refused(address: str) -> bool:
-    """Whether `address` (host:port) refuses a connection: nothing listens there any more."""
+def _connection_error(address: str) -> OSError | None:
+    """Why a connection to `address` (host:port) failed within PROBE_TIMEOUT_S; None: it was accepted."""
     host, port = address.rsplit(":", 1)
     try:
         with socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S):
-            return False
-    except ConnectionRefusedError:
-        return True
-    except OSError:  # a timeout or an unreachable host proves nothing
-        return False
+            return None
+    except OSError as error:
+        return error
+
+
+def refused(address: str) -> bool:
+    """Whether `address` refuses a connection: nothing listens there any more. A timeout or an
+    unreachable host proves nothing."""
+    return isinstance(_connection_error(address), ConnectionRefusedError)
+
+
+def accepts(address: str) -> bool:
+    """Whether `address` accepts a connection: a launcher (running, or frozen) still listens there."""
+    return _connection_error(address) is None

@@ -4,21 +4,22 @@ Torch completes a round below ``max_nodes`` only once its last call has passed, 
 who else is coming. After a graceful leave or a death it can: the round's members are the last
 world's nodes less those that departed, plus any node already waiting (:func:`membership_known`,
 pure, run inside torch's join operation by :class:`KnownMembershipJoinOp`). Departures are recorded
-in the job's store (:func:`departure_key`) by the node that leaves, or by a survivor that found it
-gone (its liveness port refused, :mod:`.liveness`), which then removes it from the round it waits on.
-Each new world is compared with the last (:func:`world_change`): who joined, who left and why.
+by the node that leaves (:func:`departure_key`), or by a survivor that found it gone (its liveness
+port refused, :mod:`.liveness`). Each new world is compared with the last (:func:`world_change`).
+On a new store, which knows nothing of the last world, the first round waits for the survivors whose
+launchers still answer (:class:`SurvivorsOnANewStore`) instead of completing after its last call.
 
 Invariants: a round completes early only when every node expected is a participant and none waits;
-a node is removed only on a recorded departure or a refused liveness port; every other state is
-decided by torch's operation unchanged. While a round forms, each node reads the shared state every
-``RENDEZVOUS_POLL_S`` (torch: 1 s). Why: docs/design/rendezvous.md.
+a node is removed only on a recorded departure or a refused liveness port; torch's operation decides
+every other state, except that it never completes a round that awaits survivors. A forming round's
+state is read every ``RENDEZVOUS_POLL_S`` (torch: 1 s). Why: docs/design/rendezvous.md.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Mapping, Set
+from collections.abc import Callable, Collection, Mapping, Set
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -182,14 +183,77 @@ class StoreDepartures:
         return True
 
 
+def awaited_survivors(
+    last_world: Mapping[str, str] | Set[str], participants: Set[str], released: Set[str]
+) -> frozenset[str]:
+    """The members of the last world that the first round on a new store still waits for: those not
+    in it yet and not released (departed, or their launcher stopped answering)."""
+    return frozenset(last_world) - participants - released
+
+
+class SurvivorsOnANewStore:
+    """The last world's other members, awaited by this node's first round on a new store.
+
+    The new store holds no trace of the last world, so torch would complete the round after its last
+    call with whoever found the store first; a survivor later by more than that would join the next
+    round as a newcomer and take the state from a peer instead of its own memory. A member is awaited
+    while its launcher's liveness port accepts (running, or frozen), until it joins, departs or stops
+    accepting, or `until` (monotonic) passes; one lost with the store (a timeout) is not awaited.
+    """
+
+    def __init__(
+        self,
+        liveness_addresses: Mapping[str, str],
+        until: float,
+        accepts: Callable[[str], bool] = liveness.accepts,
+    ) -> None:
+        self._addresses = dict(liveness_addresses)
+        self._until = until
+        self._accepts = accepts
+        self._released: set[str] = set()
+        self._next_check = 0.0
+        self._announced = False  # whether the wait was logged
+
+    def awaited(
+        self, participants: Set[str], departed: Callable[[frozenset[str]], frozenset[str]], now: float
+    ) -> frozenset[str]:
+        """Those still awaited now; `departed` says which of some nodes recorded their departure. Each
+        awaited member's port is asked at most every LIVENESS_CHECK_INTERVAL_S."""
+        pending = awaited_survivors(self._addresses, participants, self._released)
+        if pending and now >= self._until:
+            log.warning("the first round on the new store stops waiting for %s", ", ".join(sorted(pending)))
+            self._released |= pending
+            return frozenset()
+        if pending and now >= self._next_check:
+            self._next_check = now + LIVENESS_CHECK_INTERVAL_S
+            self._released |= departed(pending)
+            self._released |= {n for n in pending - self._released if not self._accepts(self._addresses[n])}
+            pending = awaited_survivors(self._addresses, participants, self._released)
+        if pending and not self._announced:
+            self._announced = True
+            log.info(
+                "the first round on the new store waits for %s of the last world (their launchers answer)",
+                ", ".join(sorted(pending)),
+            )
+        return pending
+
+
 class KnownMembershipJoinOp(dynamic_rendezvous._RendezvousJoinOp):
     """Torch's join operation, which also removes the last world's members found gone from the round
-    it waits on, and completes a forming round once its membership is known."""
+    it waits on, completes a forming round once its membership is known, and on a new store holds it
+    for the survivors still awaited."""
 
-    def __init__(self, last_world: Set[str], generation: int, departures: Departures) -> None:
+    def __init__(
+        self,
+        last_world: Set[str],
+        generation: int,
+        departures: Departures,
+        survivors: SurvivorsOnANewStore | None = None,
+    ) -> None:
         self._last_world = frozenset(last_world)
         self._generation = generation
         self._departures = departures
+        self._survivors = survivors
         self._next_check = 0.0  # monotonic time of the next liveness check of stragglers
         self.completed_early = False
         self.removed: frozenset[str] = frozenset()  # the nodes this operation found gone
@@ -205,7 +269,23 @@ class KnownMembershipJoinOp(dynamic_rendezvous._RendezvousJoinOp):
             self.completed_early = True
             return dynamic_rendezvous._Action.MARK_RENDEZVOUS_COMPLETE
         action: dynamic_rendezvous._Action = super().__call__(ctx, deadline)
+        if action is dynamic_rendezvous._Action.MARK_RENDEZVOUS_COMPLETE and self._awaits_survivors(ctx):
+            keep_alive = dynamic_rendezvous._should_keep_alive(ctx)
+            return dynamic_rendezvous._Action.KEEP_ALIVE if keep_alive else dynamic_rendezvous._Action.SYNC
         return action
+
+    def _awaits_survivors(self, ctx: dynamic_rendezvous._RendezvousContext) -> bool:
+        """Whether this round on a new store still waits for survivors of the last world (a full round
+        never does)."""
+        participants = ctx.state.participants
+        if self._survivors is None or len(participants) >= ctx.settings.max_nodes:
+            return False
+        joined = {repr(node) for node in participants}
+
+        def departed(nodes: frozenset[str]) -> frozenset[str]:
+            return self._departures.recorded(self._generation, nodes)
+
+        return bool(self._survivors.awaited(joined, departed, time.monotonic()))
 
     def _remove_gone(self, ctx: dynamic_rendezvous._RendezvousContext) -> bool:
         """The round this node waits on still holds members of its last world: remove those found

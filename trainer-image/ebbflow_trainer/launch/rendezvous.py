@@ -195,6 +195,8 @@ class GenerationRendezvousHandler(RendezvousHandler):
         self._join_timeout = config.join_timeout
         self._last_generation = 0  # the newest generation this node ran, whatever store gave it
         self._last_world: frozenset[str] = frozenset()  # the nodes of that generation's world
+        self._peers_liveness: dict[str, str] = {}  # its other nodes' liveness addresses
+        self._store_returned_at: float | None = None  # a new store answered, its first round not joined
         self._dropped_generation = 0  # the generation whose world this node was last dropped from
         self._member_gone_generation = 0  # the generation whose world last lost another member
         self._round_delegate: DynamicRendezvousHandler | None = None  # the handler of the last round
@@ -280,6 +282,8 @@ class GenerationRendezvousHandler(RendezvousHandler):
                 time.monotonic() - self._lost_since,
             )
         self._store, self._delegate, self._lost_since = store, delegate, None
+        if self._last_generation:  # a store with no trace of this node's world: see _survivors
+            self._store_returned_at = time.monotonic()
         return True
 
     def _lost_for_too_long(self) -> StoreLost | None:
@@ -333,8 +337,11 @@ class GenerationRendezvousHandler(RendezvousHandler):
         self._raise_generation_floor(store)
         log.info("node %s attempts to join the next round of the rendezvous", delegate._this_node)
         departures = membership.StoreDepartures(store)
-        join = membership.KnownMembershipJoinOp(self._last_world, self._last_generation, departures)
+        join = membership.KnownMembershipJoinOp(
+            self._last_world, self._last_generation, departures, self._survivors()
+        )
         rank, world_size, round_store = membership.join_round(delegate, join)
+        self._store_returned_at = None
         self._round_delegate = delegate
         if rank == 0:
             generation = store.add(membership.GENERATION_COUNTER, 1)
@@ -342,6 +349,7 @@ class GenerationRendezvousHandler(RendezvousHandler):
         last_generation, last_world = self._last_generation, self._last_world
         self._last_generation = int(round_store.get(_ROUND_GENERATION).decode())
         self._last_world = membership.world_nodes(delegate)
+        self._peers_liveness = self._liveness_addresses(store, self._last_world - {repr(delegate._this_node)})
         log.info(
             "joined generation %d as rank %d of %d%s",
             self._last_generation,
@@ -355,6 +363,25 @@ class GenerationRendezvousHandler(RendezvousHandler):
             self._record_change(departures, last_generation, last_world)
         self.on_generation(self._last_generation)
         return RendezvousInfo(round_store, rank, world_size, self._bootstrap)
+
+    def _survivors(self) -> membership.SurvivorsOnANewStore | None:
+        """On a new store, the first round awaits the last world's members whose launchers still answer,
+        for at most the heartbeat budget from the store's return (docs/design/rendezvous.md, "The first
+        round on a new store"); on the same store the last round's participants hold it anyway."""
+        if self._store_returned_at is None or not self._peers_liveness:
+            return None
+        budget = self._config.keep_alive_interval * self._config.keep_alive_max_attempt
+        return membership.SurvivorsOnANewStore(self._peers_liveness, self._store_returned_at + budget)
+
+    @staticmethod
+    def _liveness_addresses(store: TCPStore, nodes: frozenset[str]) -> dict[str, str]:
+        """The liveness addresses `nodes` published in `store` (every member does before it joins);
+        kept for a store's loss, which takes them with it."""
+        ordered = sorted(nodes)
+        keys = [liveness.liveness_key(node) for node in ordered]
+        if not keys or not store.check(keys):
+            return {}
+        return {node: value.decode() for node, value in zip(ordered, store.multi_get(keys), strict=True)}
 
     def _record_change(
         self, departures: membership.StoreDepartures, last_generation: int, last_world: frozenset[str]
