@@ -227,11 +227,13 @@ class Packing:
 class Allocation:
     """Every job's worker count, for jobs whose spec lets it change the global batch chosen, and for
     jobs spread over several nodes that should run on one, that node once per new worker to start
-    there (the job's workers on other nodes leave; its count says how many it has in all)."""
+    there (the job's workers on other nodes leave; its count says how many it has in all), and for
+    running jobs that grow where the policy valued their placement, the node of each new worker."""
 
     counts: dict[JobKey, int]
     global_batch: dict[JobKey, int] = field(default_factory=dict)
     moves: dict[JobKey, tuple[str, ...]] = field(default_factory=dict)
+    growth: dict[JobKey, tuple[str, ...]] = field(default_factory=dict)
 
 
 class Policy(Protocol):

@@ -72,6 +72,7 @@ class ObservedValues:
     free_gpus: int
     global_batch: int | None
     moves: tuple[str, ...]
+    growth: tuple[str, ...]
     admission: Admission | None  # also what other jobs of its ClusterQueue leave it (kueue_room.py)
     refused: Refusal | None
 
@@ -179,6 +180,7 @@ def decide(
             network_policies=network_policies.get(job.key, frozenset()),
             global_batch=allocation.global_batch.get(job.key),
             moves=allocation.moves.get(job.key, ()),
+            growth=allocation.growth.get(job.key, ()),
             admission=admissions.get(job.key),
             refused=_recent((refusals or {}).get(job.key), now, config.planner.refusal_backoff),
         )
@@ -223,6 +225,7 @@ def _plan_inputs(job: Job, observed: Observed, workloads: tuple[Workload, ...]) 
         observed.free_gpus,
         observed.global_batch,
         observed.moves,
+        observed.growth,
         observed.admission,
         observed.refused,
     )
