@@ -292,6 +292,7 @@ def _demand(
         priority=job.spec.priority,
         created=job.created,
         current_nodes=most_used_first([p.node for p in held if p.node and not p.deleting]),
+        decided=job.status.desired_replicas,
     )
 
 

@@ -188,12 +188,13 @@ class _GoodputObjective(PassJobs[tuple[JobModel, float, PlacementValues, float]]
         return goodputs(placement) / baseline
 
     def utility(self, demand: Demand, placement: Placement) -> float:
-        """-1 / speedup, the speedup discounted by the restart factor at any size but the current."""
+        """-1 / speedup, the speedup discounted by the restart factor at any size but the job's
+        (`Demand.size`: the size last decided while it runs)."""
         if placement.workers <= 0:
             return -NO_WORKERS_PENALTY
         _, baseline, goodputs, factor = self.job(demand)
         gain = goodputs(placement) / baseline
-        if placement.workers != len(demand.current_nodes):
+        if placement.workers != demand.size:
             gain *= factor
         return -1.0 / gain if gain > 0 else -NO_WORKERS_PENALTY
 

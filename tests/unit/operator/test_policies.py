@@ -300,6 +300,26 @@ def test_goodput_pins_a_growth_where_it_valued_it_and_leaves_the_rest_to_the_sch
     assert decision.growth == {job.key: ("n0",)}
 
 
+@pytest.mark.parametrize(
+    ("decided", "expected"),
+    [
+        pytest.param(None, 1, id="only-its-running-worker-recorded-growth-not-worth-a-restart"),
+        pytest.param(2, 2, id="decided-2-one-still-starting-kept"),
+    ],
+)
+def test_goodput_counts_a_restart_from_the_size_it_decided_not_from_the_workers_running_yet(
+    decided: int | None, expected: int
+) -> None:
+    """`j` (young, rescaled twice) runs one worker; from one, growing to two does not pay the restart
+    factor. Once the operator decided two (the second worker still starting: `Demand.decided`), two
+    is its size: deciding again from the running worker alone would delete the one starting, and
+    the next pass would add it back."""
+    job_metrics = {("ns", "j"): metrics(SYNC_BOUND, virtual=4, rescales=2, rescale_pause_s=60.0)}
+    job = replace(make_demand("j", 1, 4, created=NOW - 100.0, current=("n0",)), decided=decided)
+    decision = GoodputPolicy(metrics=job_metrics, now=NOW).decide([job], {"n0": 4, "n1": 4})
+    assert decision.counts[job.key] == expected
+
+
 def cross_node_halves(_: Demand, placement: Placement) -> float:
     """A speedup model for `_consolidate` alone: linear in workers, halved across nodes."""
     return placement.workers * (1.0 if placement.nodes == 1 else 0.5)
