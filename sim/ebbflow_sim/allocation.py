@@ -104,18 +104,16 @@ class Placer(SlicedPacking):
     """The placement the engine applies, as the operator and the kube-scheduler carry a pass out: the
     policy's counts; running workers kept where they are (every job's kept workers are placed before
     anyone grows) unless the policy moves them (pinned to the nodes it chose, before anyone grows);
-    a growth the policy placed (`Allocation.growth`) pinned there, then the other new workers where
-    the scheduler puts the operator's unpinned pods (`schedule`). A job whose growth does not reach
-    its min here gets 0 (its pods would stay Pending)."""
+    new workers where the scheduler puts the operator's unpinned pods (`schedule`). A job whose
+    growth does not reach its min here gets 0 (its pods would stay Pending)."""
 
     def apply(
         self,
         demands: Sequence[Demand],
         counts: Mapping[JobKey, int],
         moves: Mapping[JobKey, Sequence[str]] | None = None,
-        growth: Mapping[JobKey, Sequence[str]] | None = None,
     ) -> dict[JobKey, list[str]]:
-        moves, growth = moves or {}, growth or {}
+        moves = moves or {}
         ordered = sorted(demands, key=lambda d: (-d.priority, d.created, d.key))
         for d in ordered:
             moved = moves.get(d.key, ())
@@ -126,11 +124,6 @@ class Placer(SlicedPacking):
             if d.key in moves:
                 self._sticky[d.key] = list(moves[d.key])
             self.place_up_to(d, len(moves.get(d.key, ())))
-        for d in ordered:  # pinned growth next: its nodes were room in the policy's packing
-            grown = growth.get(d.key, ())
-            if grown and len(grown) == counts.get(d.key, 0) - self.count(d.key):
-                self._sticky[d.key] = list(grown)
-                self.place_up_to(d, len(grown))
         for d in ordered:
             self.schedule(d, counts.get(d.key, 0) - self.count(d.key))
             if 0 < self.count(d.key) < d.min:

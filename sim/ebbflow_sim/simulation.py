@@ -311,16 +311,14 @@ class Simulation:
         devices = {n: self._devices(n, spot and elastic, speeds) for n, spot in self.nodes.items()}
         batches: dict[JobKey, int] = {}
         moves: dict[JobKey, tuple[str, ...]] = {}
-        growth: dict[JobKey, tuple[str, ...]] = {}
         if self.policy in ELASTIC:
             pause = self.config.rescale_pause_s
             policy = elastic_policy(self.policy, states, devices, self.now, pause, speeds)
             decision = policy.decide(demands, free)
             counts, batches, moves = decision.counts, decision.global_batch, decision.moves
-            growth = decision.growth
         else:
             counts = rigid_allocate(self.policy, states, demands, free)
-        placed = Placer(free, devices).apply(demands, counts, moves, growth)
+        placed = Placer(free, devices).apply(demands, counts, moves)
         changed = bool(grown)
         for state in states:
             changed |= self._move(state, placed[key_of(state)])

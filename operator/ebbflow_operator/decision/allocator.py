@@ -33,17 +33,6 @@ class Demand:
     # Nodes of the job's running workers, one entry per worker, most-used node first (`most_used_first`):
     # a shrinking job keeps the first ones, so it keeps its workers together.
     current_nodes: tuple[str, ...] = ()
-    # The size the operator last decided for the job (status.desiredReplicas); None: not recorded.
-    decided: int | None = None
-
-    @property
-    def size(self) -> int:
-        """The job's size as a restart's cost sees it: while any of its workers runs, the size last
-        decided (workers still starting or leaving are part of it: deciding again from the running
-        ones alone would re-decide every transition), else its running workers."""
-        if self.decided is not None and self.current_nodes:
-            return self.decided
-        return len(self.current_nodes)
 
 
 def most_used_first(nodes: Sequence[str]) -> tuple[str, ...]:
@@ -238,13 +227,11 @@ class Packing:
 class Allocation:
     """Every job's worker count, for jobs whose spec lets it change the global batch chosen, and for
     jobs spread over several nodes that should run on one, that node once per new worker to start
-    there (the job's workers on other nodes leave; its count says how many it has in all), and for
-    running jobs that grow where the policy valued their placement, the node of each new worker."""
+    there (the job's workers on other nodes leave; its count says how many it has in all)."""
 
     counts: dict[JobKey, int]
     global_batch: dict[JobKey, int] = field(default_factory=dict)
     moves: dict[JobKey, tuple[str, ...]] = field(default_factory=dict)
-    growth: dict[JobKey, tuple[str, ...]] = field(default_factory=dict)
 
 
 class Policy(Protocol):

@@ -72,7 +72,6 @@ class ObservedValues:
     free_gpus: int
     global_batch: int | None
     moves: tuple[str, ...]
-    growth: tuple[str, ...]
     admission: Admission | None  # also what other jobs of its ClusterQueue leave it (kueue_room.py)
     refused: Refusal | None
 
@@ -180,7 +179,6 @@ def decide(
             network_policies=network_policies.get(job.key, frozenset()),
             global_batch=allocation.global_batch.get(job.key),
             moves=allocation.moves.get(job.key, ()),
-            growth=allocation.growth.get(job.key, ()),
             admission=admissions.get(job.key),
             refused=_recent((refusals or {}).get(job.key), now, config.planner.refusal_backoff),
         )
@@ -225,7 +223,6 @@ def _plan_inputs(job: Job, observed: Observed, workloads: tuple[Workload, ...]) 
         observed.free_gpus,
         observed.global_batch,
         observed.moves,
-        observed.growth,
         observed.admission,
         observed.refused,
     )
@@ -292,7 +289,6 @@ def _demand(
         priority=job.spec.priority,
         created=job.created,
         current_nodes=most_used_first([p.node for p in held if p.node and not p.deleting]),
-        decided=job.status.desired_replicas,
     )
 
 

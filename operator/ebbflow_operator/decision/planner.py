@@ -68,8 +68,8 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         pending_timeout          workers the scheduler refused for too long -> withdrawn, and a hold
         target_size              allocator's size, hold, Kueue's admission, spec.replicas.min -> how
                                  many workers to have
-        resize                   the scale-down's `victims` or the policy's `movers`, `new_workers`
-                                 and their `pins`, the world generation
+        resize                   the scale-down's `victims` or the policy's `movers`, `new_workers`,
+                                 the world generation
         rendezvous_and_services  the rendezvous pod (replaced when it ends; under Kueue only while
                                  admitted), the job's Service and NetworkPolicy
         declaration              (declarations.py) the workers gone, for the rendezvous pod
@@ -105,7 +105,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
     plan = Plan(
         job=job,
         create_workers=sizing.create,
-        pins=sizing.pins,
+        pin_node=sizing.pin_node,
         global_batch=batch.value,
         update_global_batch=batch.update,
         memory_budget=budget.value,
@@ -381,26 +381,14 @@ def resize(job: Job, active: Sequence[Pod], target: int, disrupted: bool, observ
     missing = 0 if observed.refused is not None else max(0, target - len(staying))
     generation = (job.status.world_generation or 0) + int(disrupted or bool(chosen) or missing > 0)
     grace = job.spec.leave_grace_seconds
-    moved_onto = observed.moves[0] if moving else None
     return Sizing(
         target=target,
         active=staying,
         delete=tuple(Deletion(p.name, p.uid, grace if p.node else 0, why) for p in chosen),
         create=new_workers(job.name, missing, generation, {p.name for p in observed.pods}),
         generation=generation,
-        pins=pins(missing, moved_onto, observed.growth),
-        moved_onto=moved_onto,
+        pin_node=observed.moves[0] if moving else None,
     )
-
-
-def pins(new: int, moved_onto: str | None, growth: Sequence[str]) -> tuple[str, ...]:
-    """The node each of `new` workers must run on: the job's node when it moves onto one; where the
-    policy placed a growth's workers when it placed exactly these (the policy values placements, and
-    the scheduler would spread them otherwise: a job it grows onto its own node would be measured
-    across nodes and shrunk again); otherwise none, and the scheduler chooses."""
-    if moved_onto is not None:
-        return (moved_onto,) * new
-    return tuple(growth) if new and len(growth) == new else ()
 
 
 def movers(active: Sequence[Pod], target: int, disrupted: bool, moves: Sequence[str]) -> list[Pod]:
@@ -535,14 +523,14 @@ def writes_of(plan: Plan, service_accounts: Mapping[str, str]) -> tuple[Write, .
         writes.append(CreateChild(ChildKind.POD, manifests.rendezvous_pod(job)))
     if plan.create_service:
         writes.append(CreateChild(ChildKind.SERVICE, manifests.job_service(job)))
-    for position, (index, generation) in enumerate(plan.create_workers):
+    for index, generation in plan.create_workers:
         body = manifests.worker_pod(
             job,
             index,
             generation,
             service_accounts,
             global_batch=plan.global_batch,
-            node=plan.pins[position] if plan.pins else None,
+            node=plan.pin_node,
             memory_budget=plan.memory_budget,
             placement=plan.placement,
         )

@@ -1,6 +1,6 @@
 """The goodput policy (Pollux): maximise the harmonic mean of the jobs' speedups over fair share,
 each job at its best batch where it may change it. Pure: demands, free GPUs, metrics -> counts,
-batches, moves and the nodes of each growth (`GoodputPolicy.decide`)."""
+batches and moves (`GoodputPolicy.decide`)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ class GoodputPolicy:
             for d in demands
             if info[d.key].max_batch is not None and counts[d.key] > 0
         }
-        return Allocation(counts, batches, moves, _growth(demands, counts, moves, packing))
+        return Allocation(counts, batches, moves)
 
     def _consolidate(
         self,
@@ -188,32 +188,11 @@ class _GoodputObjective(PassJobs[tuple[JobModel, float, PlacementValues, float]]
         return goodputs(placement) / baseline
 
     def utility(self, demand: Demand, placement: Placement) -> float:
-        """-1 / speedup, the speedup discounted by the restart factor at any size but the job's
-        (`Demand.size`: the size last decided while it runs)."""
+        """-1 / speedup, the speedup discounted by the restart factor at any size but the current."""
         if placement.workers <= 0:
             return -NO_WORKERS_PENALTY
         _, baseline, goodputs, factor = self.job(demand)
         gain = goodputs(placement) / baseline
-        if placement.workers != demand.size:
+        if placement.workers != len(demand.current_nodes):
             gain *= factor
         return -1.0 / gain if gain > 0 else -NO_WORKERS_PENALTY
-
-
-def _growth(
-    demands: Sequence[Demand],
-    counts: Mapping[JobKey, int],
-    moves: Mapping[JobKey, tuple[str, ...]],
-    packing: SlicedPacking,
-) -> dict[JobKey, tuple[str, ...]]:
-    """For each running job the pass grows in place (not moved), the node of each new worker as the
-    packing placed it: the placement its goodput was valued at (`Allocation.growth`). A job whose
-    new nodes are not exactly its added workers (it was also relocated) gets none."""
-    growth: dict[JobKey, tuple[str, ...]] = {}
-    for demand in demands:
-        added = counts.get(demand.key, 0) - len(demand.current_nodes)
-        if added <= 0 or not demand.current_nodes or demand.gpus_per_worker <= 0 or demand.key in moves:
-            continue
-        nodes = packing.new_nodes(demand)
-        if len(nodes) == added:
-            growth[demand.key] = nodes
-    return growth

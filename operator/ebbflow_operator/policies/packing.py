@@ -293,11 +293,6 @@ class SlicedPacking(Packing):
             options.append((roomiest[1], 0, roomiest[0] // need))
         return options
 
-    def new_nodes(self, demand: Demand) -> tuple[str, ...]:
-        """The nodes of the job's placed workers that do not run now, once per worker (sorted)."""
-        placed = Counter(self._placed.get(demand.key, ())) - Counter(demand.current_nodes)
-        return tuple(sorted(placed.elements()))
-
     def place_on(self, demand: Demand, nodes: Sequence[str]) -> None:
         """Leaves the job with exactly one worker on each of `nodes` (ones it holds in the packing
         now, so they fit)."""

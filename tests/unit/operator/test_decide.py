@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -15,7 +15,7 @@ from ebbflow_devtools.builders import (
     make_worker,
     with_writes,
 )
-from ebbflow_operator.decision.allocator import Allocation, Demand, PriorityFairShare
+from ebbflow_operator.decision.allocator import PriorityFairShare
 from ebbflow_operator.decision.decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
 from ebbflow_operator.decision.model import Job, JobKey, Node, Pod
 from ebbflow_operator.decision.plan import Deletion, Event, Plan, Refusal
@@ -338,32 +338,3 @@ def test_plan_writes(plan: Plan, writes: int) -> None:
 )
 def test_plan_summary(plan: Plan, summary: str) -> None:
     assert plan.summary() == summary
-
-
-@dataclass
-class RecordingPolicy:
-    """Priority fair share that keeps the demands each pass gives it."""
-
-    demands: list[Demand] = field(default_factory=list)
-
-    def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]:
-        return self.decide(demands, free).counts
-
-    def decide(self, demands: Sequence[Demand], free: Mapping[str, int]) -> Allocation:
-        self.demands = list(demands)
-        return PriorityFairShare().decide(demands, free)
-
-
-def test_a_job_is_offered_to_the_policy_at_the_size_last_decided_with_its_running_workers() -> None:
-    """Decided three; one worker still starting (not bound) and one leaving: the policy sees the
-    running ones' nodes and the decided size, from which a restart's cost is counted."""
-    nodes = [Node("a", 4)]
-    train = make_job(
-        JobBuilder("train").replicas(1, 3).set(leaveGraceSeconds=30), age=600, status={"desiredReplicas": 3}
-    )
-    pods = [worker(train, 0, "a"), worker(train, 1, "a"), worker(train, 2, "a", deleting=True)]
-    pods.append(replace(worker(train, 3, "a", phase="Pending"), node=None))
-    policy = RecordingPolicy()
-    decide(nodes, pods, [train], {}, {}, NOW, OperatorConfig(), policy)
-    (demand,) = policy.demands
-    assert (demand.current_nodes, demand.decided, demand.size) == (("a", "a"), 3, 3)

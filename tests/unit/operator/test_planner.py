@@ -257,23 +257,6 @@ def test_scale_down_keeps_workers_together_takes_spot_first_and_gives_grace() ->
     assert result.status["phase"] == "Scaling"
 
 
-def test_a_growth_creates_each_new_worker_on_the_node_the_policy_placed_it() -> None:
-    """The goodput policy valued growing this job by two workers on od-0 and od-1: each new pod is
-    required to run where it was placed, not wherever the scheduler would spread it."""
-    pods = [worker(0, "od-0"), worker(1, "od-0")]
-    j = job(lo=1, status=running_status(pods, 2))
-    seen = Observed([*pods, RDZV], SERVICES, NODES, 4, free_gpus=3, growth=("od-0", "od-1"))
-    result = plan_job(j, seen, NOW, CONFIG)
-    created = [w.body for w in result.writes if getattr(w, "body", {}).get("kind") == "Pod"]
-    required = [
-        b["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        for b in created
-    ]
-    nodes = [r["nodeSelectorTerms"][0]["matchFields"][-1]["values"] for r in required]
-    assert (result.create_workers, nodes) == (((2, 2), (3, 2)), [["od-0"], ["od-1"]])
-    assert [e.reason for e in result.events] == ["Rescaled"]
-
-
 def test_a_move_onto_one_node_replaces_the_workers_elsewhere_with_pinned_ones() -> None:
     """Same size, new world: the two workers off od-0 leave with their grace, two new ones must run
     on od-0; the job is Scaling until they are ready, and no rescale is recorded (the size stays)."""
@@ -285,7 +268,7 @@ def test_a_move_onto_one_node_replaces_the_workers_elsewhere_with_pinned_ones() 
         ("j-worker-2", 30, "move onto one node"),
         ("j-worker-3", 30, "move onto one node"),
     ]
-    assert (result.create_workers, result.pins) == (((4, 2), (5, 2)), ("od-0", "od-0"))
+    assert (result.create_workers, result.pin_node) == (((4, 2), (5, 2)), "od-0")
     assert [e.reason for e in result.events] == ["MovedOntoOneNode"]
     assert (result.status["phase"], result.status["desiredReplicas"]) == ("Scaling", 4)
     assert "lastRescale" not in result.status

@@ -59,7 +59,6 @@ from ebbflow_operator.decision.planner import (
     movers,
     new_workers,
     pending_timeout,
-    pins,
     plan_job,
     rendezvous_and_services,
     resize,
@@ -864,32 +863,7 @@ def test_resize_replaces_moved_workers_with_pinned_ones() -> None:
         ("j-worker-3", 30, "move onto one node"),
     ]
     assert (names(sizing.active), list(sizing.create)) == (["j-worker-0", "j-worker-1"], [(4, 4), (5, 4)])
-    assert (sizing.pins, sizing.moved_onto, sizing.generation) == (("od-0", "od-0"), "od-0", 4)
-
-
-def test_resize_pins_a_growth_where_the_policy_placed_it() -> None:
-    j = job(status={"worldGeneration": 3})
-    seen = replace(observed(SPREAD), growth=("od-1", "spot-0"))
-    sizing = resize(j, SPREAD, 6, False, seen)
-    assert (list(sizing.create), sizing.pins, sizing.moved_onto) == (
-        [(4, 4), (5, 4)],
-        ("od-1", "spot-0"),
-        None,
-    )
-
-
-@pytest.mark.parametrize(
-    ("new", "moved_onto", "growth", "expected"),
-    [
-        pytest.param(2, "n0", (), ("n0", "n0"), id="moved-onto-one-node"),
-        pytest.param(2, None, ("n0", "n1"), ("n0", "n1"), id="growth-as-placed"),
-        pytest.param(1, None, ("n0", "n1"), (), id="not-the-growth-the-policy-saw"),
-        pytest.param(2, None, (), (), id="no-placement-the-scheduler-chooses"),
-        pytest.param(0, None, (), (), id="nothing-new"),
-    ],
-)
-def test_pins(new: int, moved_onto: str | None, growth: tuple[str, ...], expected: tuple[str, ...]) -> None:
-    assert pins(new, moved_onto, growth) == expected
+    assert (sizing.pin_node, sizing.generation) == ("od-0", 4)
 
 
 @pytest.mark.parametrize(
@@ -1528,7 +1502,7 @@ def test_writes_of_orders_the_plan(plan: Plan, expected: list[tuple[str, str]]) 
 
 def test_writes_of_builds_complete_worker_bodies() -> None:
     """The worker's body is the manifest with everything the plan decided for new workers."""
-    plan = replace(FULL_PLAN, pins=("n7",), global_batch=128)
+    plan = replace(FULL_PLAN, pin_node="n7", global_batch=128)
     [worker] = [w for w in writes_of(plan, {"": "trainers"}) if described(w) == ("create Pod", "w-worker-4")]
     assert isinstance(worker, CreateChild)
     expected = manifests.worker_pod(WRITER, 4, 2, {"": "trainers"}, global_batch=128, node="n7")

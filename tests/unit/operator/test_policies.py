@@ -285,39 +285,6 @@ def test_goodput_moves_a_job_off_its_full_node(
     decision = GoodputPolicy(metrics=job_metrics, now=NOW).decide([other, job], {"n0": 4, "n1": 4})
     assert decision.counts == {("ns", "j"): 4 if moves else 2, ("ns", "other"): 2}
     assert {key[1]: nodes for key, nodes in decision.moves.items()} == moves
-    assert decision.growth == {}  # moved, or left at its size: no growth to place
-
-
-def test_goodput_pins_a_growth_where_it_valued_it_and_leaves_the_rest_to_the_scheduler() -> None:
-    """`j` runs one worker on n0 and grows there (no cross-node sync for SYNC_BOUND): its new worker's
-    node is the one its goodput was valued at (`Allocation.growth`). `fresh`, not running yet, and
-    a job moved onto one node (`test_goodput_moves_a_job_off_its_full_node`) get none."""
-    job_metrics = {("ns", "j"): metrics(SYNC_BOUND, virtual=4)}
-    job = make_demand("j", 1, 4, created=0.0, current=("n0",))
-    fresh = make_demand("fresh", 1, 1, created=1.0)
-    decision = GoodputPolicy(metrics=job_metrics, now=NOW).decide([job, fresh], {"n0": 4, "n1": 4})
-    assert (decision.counts[job.key], decision.counts[fresh.key]) == (2, 1)
-    assert decision.growth == {job.key: ("n0",)}
-
-
-@pytest.mark.parametrize(
-    ("decided", "expected"),
-    [
-        pytest.param(None, 1, id="only-its-running-worker-recorded-growth-not-worth-a-restart"),
-        pytest.param(2, 2, id="decided-2-one-still-starting-kept"),
-    ],
-)
-def test_goodput_counts_a_restart_from_the_size_it_decided_not_from_the_workers_running_yet(
-    decided: int | None, expected: int
-) -> None:
-    """`j` (young, rescaled twice) runs one worker; from one, growing to two does not pay the restart
-    factor. Once the operator decided two (the second worker still starting: `Demand.decided`), two
-    is its size: deciding again from the running worker alone would delete the one starting, and
-    the next pass would add it back."""
-    job_metrics = {("ns", "j"): metrics(SYNC_BOUND, virtual=4, rescales=2, rescale_pause_s=60.0)}
-    job = replace(make_demand("j", 1, 4, created=NOW - 100.0, current=("n0",)), decided=decided)
-    decision = GoodputPolicy(metrics=job_metrics, now=NOW).decide([job], {"n0": 4, "n1": 4})
-    assert decision.counts[job.key] == expected
 
 
 def cross_node_halves(_: Demand, placement: Placement) -> float:

@@ -501,20 +501,6 @@ def test_placer_moves_workers_onto_the_policys_node() -> None:
     assert placed == {a.key: ["n1"] * 4, b.key: ["n0"] * 4}
 
 
-@pytest.mark.parametrize(
-    ("growth", "expected"),
-    [
-        pytest.param(("n0", "n0"), ["n0", "n0", "n0"], id="pinned-where-the-policy-placed-it"),
-        pytest.param((), ["n0", "n1", "n0"], id="unpinned-the-scheduler-spreads-it"),
-        pytest.param(("n0",), ["n0", "n1", "n0"], id="not-the-growth-this-pass-makes-unpinned"),
-    ],
-)
-def test_placer_pins_a_growth_the_policy_placed(growth: tuple[str, ...], expected: list[str]) -> None:
-    free = {"n0": 4, "n1": 4}
-    a = make_demand("a", 1, 4, nodes=free, current=("n0",))
-    assert Placer(free, {}).apply([a], {a.key: 3}, growth={a.key: growth}) == {a.key: expected}
-
-
 def test_placer_without_moves_keeps_running_workers_where_they_are() -> None:
     free = {"n0": 4, "n1": 4}
     a = make_demand("a", 1, 4, nodes=free, current=("n1", "n1", "n0", "n0"))
