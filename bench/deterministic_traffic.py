@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from ebbflow_trainer.api import TrainingSpec
 from ebbflow_trainer.config import ROW_TABLE_LIMIT
-from ebbflow_trainer.launch.worker import DistCollectives
+from ebbflow_trainer.launch.collectives import DistCollectives
 from ebbflow_trainer.step.engine import VirtualNodeEngine
 from engines import sgd_spec, trainer_config, worker_step
 from processes import join_world, rank_parser, run_ranks

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ebbflow_trainer.launch.worker import DistCollectives
+from ebbflow_trainer.launch.collectives import DistCollectives
 from ebbflow_trainer.step.engine import StepResult, VirtualNodeEngine
 from engines import sgd, sgd_spec, trainer_config, worker_step
 from processes import join_world, rank_parser, run_ranks

@@ -7,7 +7,9 @@ steps of V = 12 virtual nodes (B = 48 sequences of 64 tokens) in each engine, an
 the live tensors it holds after a step: parameters, the step's gradient (the replicated engine's
 reduced message, the sharded engine's gradient pieces) and the optimizer state (AdamW's two moments),
 its own pieces only when sharded. Also timed: the median step, sharded against replicated in the
-same world (both engines run in the same processes, one after the other).
+same world (both engines run in the same processes, one after the other), and the sharded engine's
+buddy copy after each step (``TrainingSpec.buddy_every=1``: each rank's shard serialized, swapped
+with its buddies, kept), with the bytes of the copies a rank keeps.
 
 Reported per world size: MiB per worker for each part, the sharded/replicated ratio of the total,
 and the step-time ratio. A JSON copy goes to ``bench/results/sharded_memory.json``.
@@ -28,7 +30,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from ebbflow_trainer.api import TrainingSpec
-from ebbflow_trainer.launch.worker import DistCollectives
+from ebbflow_trainer.launch.collectives import DistCollectives
+from ebbflow_trainer.launch.shard_copies import ShardCopies
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
 from ebbflow_trainer.step.engine import VirtualNodeEngine
 from ebbflow_trainer.step.fsdp import ShardedEngine
@@ -119,7 +122,8 @@ def _measure(args: argparse.Namespace, sharded: bool) -> dict[str, Any]:
     comm = DistCollectives(torch.device("cpu"))
     worker_step(engine, rank, world_size, comm)(0)  # warm-up: the optimizer state exists from here on
     mine = ranges_from_counts(even_counts(V, world_size))[rank]
-    seconds, held = [], {}
+    copies = ShardCopies(engine, rank, world_size, 1, 1) if sharded else None  # type: ignore[arg-type]
+    seconds, copy_seconds, held = [], [], {}
     for number in range(1, args.steps + 1):
         dist.barrier()
         started = time.perf_counter()
@@ -129,8 +133,18 @@ def _measure(args: argparse.Namespace, sharded: bool) -> dict[str, Any]:
         held = _held(engine, message, sharded)
         engine.apply(message, world_size)
         seconds.append(time.perf_counter() - started)
+        if copies is not None and copies.every:
+            dist.barrier()
+            started = time.perf_counter()
+            copies.exchange(number, 0.0)
+            copy_seconds.append(time.perf_counter() - started)
+            copies.settle()
     engine.close()
-    return {"held": held, "step_seconds": statistics.median(seconds)}
+    measured: dict[str, Any] = {"held": held, "step_seconds": statistics.median(seconds)}
+    if copy_seconds and copies is not None:
+        kept = sum(len(data) for data in copies.book.copies().values())
+        measured["buddy"] = {"seconds": statistics.median(copy_seconds), "kept_mib": kept / MIB}
+    return measured
 
 
 def _rank(args: argparse.Namespace) -> None:
@@ -162,7 +176,17 @@ def _report(lines: list[dict[str, Any]]) -> dict[str, Any]:
         memory_ratio = totals["sharded"][0] / totals["replicated"][0]
         time_ratio = totals["sharded"][1] / totals["replicated"][1]
         print(f"   sharded/replicated: memory {memory_ratio:.3f}, step time {time_ratio:.2f}")
-        table.append({"world": world, "ranks": ranks, "memory_ratio": memory_ratio, "time_ratio": time_ratio})
+        row = {"world": world, "ranks": ranks, "memory_ratio": memory_ratio, "time_ratio": time_ratio}
+        buddies = [r["sharded"]["buddy"] for r in ranks if "buddy" in r["sharded"]]
+        if buddies:
+            copy_seconds = max(b["seconds"] for b in buddies)
+            kept = max(b["kept_mib"] for b in buddies)
+            row["buddy_copy_ratio"] = copy_seconds / totals["sharded"][1]
+            print(
+                f"   buddy copy: {copy_seconds:.3f} s a step ({row['buddy_copy_ratio']:.2f} of the sharded "
+                f"step), {kept:.2f} MiB of copies kept in host memory"
+            )
+        table.append(row)
     return {"worlds": table}
 
 

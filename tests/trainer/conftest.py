@@ -30,8 +30,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def calm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A calm one-worker run (V=4, B=32, 200 steps, deterministic): its final state, progress report
-    and launcher log.
+    """A calm one-worker run (V=4, B=32, 200 steps, deterministic): its final state, progress report,
+    launcher log and each step's loss.
 
     Deterministic mode makes the result independent of the world size, so this one run is the
     reference for every scenario that changes the world along the way. Its launcher is
@@ -44,7 +44,8 @@ def calm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         assert job.wait_all([node], 300) == [0], job.logs()
         progress = json.loads((job.checkpoint_dir / "progress.json").read_text())
         log = node.log.read_text(errors="replace")
-        return {"final": job.final_checkpoint(), "progress": progress, "log": log}
+        losses = {record["step"]: record["loss"] for record in node.events("step")}
+        return {"final": job.final_checkpoint(), "progress": progress, "log": log, "losses": losses}
 
 
 @pytest.fixture(scope="session")

@@ -93,6 +93,9 @@ class TrainingSpec:
       (each parameter, its gradient and its optimizer state are split over the world with PyTorch's
       FSDP2, applied to each module of ``shard_modules``, e.g. the transformer blocks, and to the
       model; docs/trainer.md says what a sharded job supports and how it resizes).
+    - ``buddy_every``: with ``sharding="fsdp"``, every how many steps each worker copies its shard
+      into another worker's host memory, so that a crashed worker's shard is rebuilt from that copy
+      (losing the steps since); 0: no copies, a crash resumes from the durable checkpoint.
     - ``loader_workers``: background processes building virtual-node batches (0: in the training
       process), forked from the worker; ``prefetch``: batches each loader process builds ahead.
       Batches and their samples do not depend on this setting.
@@ -115,6 +118,7 @@ class TrainingSpec:
     prefetch: int = 2
     sharding: Sharding = "none"
     shard_modules: Sequence[torch.nn.Module] = ()
+    buddy_every: int = 1
 
     def __post_init__(self) -> None:
         self.validate()
@@ -238,6 +242,11 @@ def _check_sharding(spec: TrainingSpec) -> None:
         raise SpecError(
             'TrainingSpec.shard_modules is set but sharding is "none": set sharding="fsdp" or drop '
             "shard_modules."
+        )
+    if not _is_int(spec.buddy_every) or spec.buddy_every < 0:
+        raise SpecError(
+            f"TrainingSpec.buddy_every={spec.buddy_every!r} must be a whole number of steps >= 0 "
+            "(0: no buddy copies)."
         )
     submodules = {id(module) for module in spec.model.modules()}
     for index, module in enumerate(modules):

@@ -37,7 +37,7 @@ from ebbflow_api.models import (
 from pydantic import ValidationError
 
 MODES = ("deterministic", "fast")
-# Collective backends: auto is nccl when CUDA is available, else gloo (see worker.resolve_backend).
+# Collective backends: auto is nccl when CUDA is available, else gloo (see collectives.resolve_backend).
 BACKENDS = ("auto", "nccl", "gloo")
 ROW_TABLE_LIMIT = 2 << 20  # bytes: the measured crossover lies between 1.3 and 4.4 MB (bench/README.md)
 DEFAULT_JOIN_TIMEOUT = RendezvousSpec().join_timeout_seconds

@@ -12,8 +12,8 @@ from ebbflow_devtools.testing.trainer_config import VALID_ENVIRONMENT, trainer_c
 from ebbflow_trainer.config import ConfigError, TrainerConfig, from_environment
 from ebbflow_trainer.data import to_device
 from ebbflow_trainer.launch import state
+from ebbflow_trainer.launch.collectives import resolve_backend, training_device
 from ebbflow_trainer.launch.launcher import Markers
-from ebbflow_trainer.launch.worker import resolve_backend, training_device
 
 # VALID_ENVIRONMENT: max 4 replicas, V=8, B=64.
 

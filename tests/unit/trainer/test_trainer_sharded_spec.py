@@ -55,6 +55,12 @@ def test_a_spec_shards_the_modules_it_names() -> None:
         pytest.param(
             {"sharding": "fsdp", "shard_modules": "model"}, "shard_modules[0]", "submodules", id="root"
         ),
+        pytest.param(
+            {"sharding": "fsdp", "buddy_every": -1}, "buddy_every", ">= 0", id="negative-buddy-every"
+        ),
+        pytest.param(
+            {"sharding": "fsdp", "buddy_every": 1.5}, "buddy_every", "whole number", id="fractional"
+        ),
     ],
 )
 def test_invalid_sharding_settings_name_the_field_and_the_fix(

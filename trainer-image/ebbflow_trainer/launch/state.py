@@ -22,9 +22,9 @@ import logging
 import os
 import pickle
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,7 +34,11 @@ from ebbflow_trainer.sharding import DataPosition
 from ebbflow_trainer.step.engine import VirtualNodeEngine
 from ebbflow_trainer.step.memory_budget import Footprint
 
+if TYPE_CHECKING:  # step.fsdp imports FSDP2, which only sharded jobs load
+    from ebbflow_trainer.step.fsdp import ShardedEngine
+
 log = logging.getLogger("ebbflow_trainer.launch.state")
+
 
 HANDOFF_FILE = "handoff.pt"
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -89,12 +93,49 @@ def state_digest(values: Mapping[str, torch.Tensor]) -> str:
 
 
 def capture(engine: VirtualNodeEngine, step: int, last_step_wall_time: float) -> dict[str, Any]:
-    """A self-contained copy of the state after ``step`` completed steps."""
+    """A self-contained copy of the state after ``step`` completed steps (collective when sharded)."""
+    return {
+        **_shared_state(engine, step, last_step_wall_time),
+        "model": _to_cpu(engine.model_state()),
+        "optimizer": _to_cpu(engine.optimizer_state()),
+    }
+
+
+def capture_shard(engine: ShardedEngine, step: int, last_step_wall_time: float) -> dict[str, Any]:
+    """``capture`` with this worker's pieces of the sharded tensors in place of whole ones (no
+    collective): what a buddy copy holds. ``"sharded"`` names the entries that are pieces."""
+    model, optimizer, sharded = engine.shard_state()
+    return {
+        **_shared_state(engine, step, last_step_wall_time),
+        "model": model,
+        "optimizer": optimizer,
+        "sharded": sharded,
+    }
+
+
+def join_shards(snapshots: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The whole state from every rank's ``capture_shard`` of one step, in rank order: each sharded
+    entry is its pieces concatenated on dim 0 (FSDP2's layout); the rest is rank 0's."""
+    first = snapshots[0]
+    sharded = first["sharded"]
+    model = dict(first["model"])
+    for name in sharded["model"]:
+        model[name] = torch.cat([snapshot["model"][name] for snapshot in snapshots])
+    entries = {index: dict(values) for index, values in first["optimizer"]["state"].items()}
+    for index, key in sharded["optimizer"]:
+        pieces = [snapshot["optimizer"]["state"][index][key] for snapshot in snapshots]
+        entries[index][key] = torch.cat(pieces)
+    whole = {key: value for key, value in first.items() if key != "sharded"}
+    whole["model"] = model
+    whole["optimizer"] = {"state": entries, "param_groups": first["optimizer"]["param_groups"]}
+    return whole
+
+
+def _shared_state(engine: VirtualNodeEngine, step: int, last_step_wall_time: float) -> dict[str, Any]:
+    """Everything of a state but the model and the optimizer."""
     return {
         "step": step,
         "last_step_wall_time": last_step_wall_time,
-        "model": _to_cpu(engine.model_state()),
-        "optimizer": _to_cpu(engine.optimizer_state()),
         "rng": {
             "torch": torch.get_rng_state(),
             "python": random.getstate(),

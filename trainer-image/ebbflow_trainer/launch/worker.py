@@ -37,7 +37,14 @@ from ebbflow_trainer import global_batch, metrics
 from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.batching import DynamicBatchingController
 from ebbflow_trainer.config import TrainerConfig
-from ebbflow_trainer.launch import object_checkpoints, state
+from ebbflow_trainer.launch import object_checkpoints, shard_copies, state
+from ebbflow_trainer.launch.buddies import Missing, Piece
+from ebbflow_trainer.launch.collectives import (
+    DistCollectives,
+    resolve_backend,
+    training_device,
+    use_deterministic_kernels,
+)
 from ebbflow_trainer.launch.journal import Journal
 from ebbflow_trainer.launch.rendezvous import connect, generation_store
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
@@ -74,71 +81,6 @@ class World:
     size: int
     generation: int
     local_rank: int = 0  # this process among the pod's --nproc-per-node
-
-
-def resolve_backend(config: TrainerConfig) -> str:
-    """``--backend``: auto is nccl when CUDA is available, else gloo."""
-    if config.backend != "auto":
-        return config.backend
-    return "nccl" if torch.cuda.is_available() else "gloo"
-
-
-def training_device(local_rank: int) -> torch.device:
-    """cuda:LOCAL_RANK when CUDA is available (one GPU per process), else the CPU."""
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    device = torch.device("cuda", local_rank)
-    torch.cuda.set_device(device)
-    return device
-
-
-def use_deterministic_kernels() -> None:
-    """Deterministic mode on CUDA: a virtual node must give the same gradient bits in any process on
-    any GPU, so kernels that add with atomics (index_add, scatter_add and the backward of embeddings
-    and gathers) are replaced by deterministic ones, and cuBLAS gets the fixed workspace it needs for
-    reproducible results (set before its first use). An op without a deterministic implementation
-    raises, naming itself: such a model needs fast mode."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-
-
-class DistCollectives:
-    """The engine's collectives over the default process group; a failed collective (a peer left or
-    died) becomes ``ReductionFailed``. A tensor away from ``comm_device`` (a CUDA model with gloo)
-    is reduced in a copy there, written back on wait."""
-
-    def __init__(self, comm_device: torch.device):
-        self.comm_device = comm_device
-
-    def all_reduce(self, tensor: torch.Tensor) -> _InFlight:
-        staged = tensor if tensor.device == self.comm_device else tensor.to(self.comm_device)
-        try:
-            work = dist.all_reduce(staged, async_op=True)
-        except RuntimeError as error:
-            raise ReductionFailed(str(error)) from error
-        return _InFlight(work, staged, tensor)
-
-    def all_reduce_max(self, tensor: torch.Tensor) -> None:
-        try:
-            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        except RuntimeError as error:
-            raise ReductionFailed(str(error)) from error
-
-
-@dataclass
-class _InFlight:
-    work: Any  # dist.Work
-    staged: torch.Tensor
-    target: torch.Tensor
-
-    def wait(self) -> None:
-        try:
-            self.work.wait()
-        except RuntimeError as error:
-            raise ReductionFailed(str(error)) from error
-        if self.staged is not self.target:
-            self.target.copy_(self.staged)
 
 
 class Worker:
@@ -183,6 +125,11 @@ class Worker:
             else None
         )
         self._last_store_report = 0.0
+        # A sharded world's copies of each worker's shard in a buddy's memory (TrainingSpec.buddy_every).
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self.copies = shard_copies.for_world(
+            self.engine, world.rank, world.size, per_node, self.spec.buddy_every
+        )
 
     # --- state agreement -------------------------------------------------------------------------
     def _highest(self, local: dict[str, Any] | None) -> tuple[torch.Tensor, int, int]:
@@ -196,9 +143,13 @@ class Worker:
     def agree_on_state(self) -> None:
         """Continue from the freshest state: in-memory handoffs first (survivors keep theirs, stale members
         and newcomers receive it from a peer), the durable checkpoint only when no member holds one."""
-        local = state.read(self.state_dir / state.HANDOFF_FILE)
+        local, copies = self._read_handoff()
         source = "memory"
         steps, best, holder = self._highest(local)
+        rebuilt = self._rebuild_from_copies(copies, best - 1) if self.engine.collective_state else None
+        if rebuilt is not None:
+            local, source = rebuilt, "buddies"
+            steps, best, holder = self._highest(local)
         if best == 0 and (self.checkpoint is not None or self.object_store is not None):
             local, source = self._read_durable(), "checkpoint"
             steps, best, holder = self._highest(local)
@@ -240,6 +191,27 @@ class Worker:
             source,
             f", {lost} step(s) lost" if self.world.rank == 0 else "",
         )
+
+    def _read_handoff(self) -> tuple[dict[str, Any] | None, dict[Piece, bytes]]:
+        """This worker's handoff: a whole state, or a sharded survivor's buddy copies."""
+        local = state.read(self.state_dir / state.HANDOFF_FILE)
+        if local is not None and shard_copies.COPIES_KEY in local:
+            return None, shard_copies.held_copies(local)
+        return local, {}
+
+    def _rebuild_from_copies(self, copies: dict[Piece, bytes], newest_whole: int) -> dict[str, Any] | None:
+        """A sharded state rebuilt from the members' buddy copies (collective) when they hold a newer
+        complete step than any whole state (``newest_whole``, -1: none); else None, saying which
+        shards are lost when that sends the world to its durable checkpoint."""
+        rebuilt = shard_copies.rebuild(copies, self.world.rank, self.world.size, newest_whole)
+        if not isinstance(rebuilt, Missing):
+            return rebuilt
+        if self.world.rank == 0 and newest_whole < 0:
+            fallback = "the durable checkpoint" if self.checkpoint or self.object_store else "step 0"
+            log.warning(
+                "buddy copies cannot rebuild the state: %s; resuming from %s", rebuilt.message(), fallback
+            )
+        return None
 
     def _read_durable(self) -> dict[str, Any] | None:
         """The newest durable checkpoint: every worker reads the shared volume; from an object store
@@ -286,6 +258,8 @@ class Worker:
         metrics.GENERATION.set(world.generation)
         self.leave.training = True
         (self.state_dir / state.TRAINING_MARKER).touch()
+        if not self._copy_to_buddies(every_step=True):
+            return EXIT_REFORM
         while self.step < self.total_steps:
             mine = ranges_from_counts(counts)[world.rank]
             started = time.time()
@@ -294,22 +268,13 @@ class Worker:
             except ReductionFailed as error:
                 self.hand_over_after_failure(error)
                 return EXIT_REFORM
+            if self.copies is not None:
+                self.copies.settle()
             result = self.engine.apply(message, world.size)
             self.step += 1
             now = time.time()
-            if first_step and self.source in ("memory", "peer"):
-                pause = now - self.last_step_wall_time
-                self.last_pause = pause
-                metrics.RESCALE_PAUSE.observe(pause)
-                self.journal.write(
-                    "resumed", generation=world.generation, step=self.step, pause_seconds=pause
-                )
-                if world.rank == 0:
-                    log.info(contract.RESUMED_LOG, world.generation, pause)
-            if first_step and self.engine.collective_state:
-                # A sharded worker's handoff is stale from now on and a crash cannot refresh it: the
-                # next world must not resume from it (older than the checkpoint, perhaps).
-                (self.state_dir / state.HANDOFF_FILE).unlink(missing_ok=True)
+            if first_step:
+                self._first_step_done(now)
             first_step = False
             self.last_step_wall_time = now
             self._evaluate()
@@ -322,6 +287,8 @@ class Worker:
                 self.write_checkpoint()
             if result.leave_requested:
                 return self.stop_for_new_world()
+            if not self._copy_to_buddies():
+                return EXIT_REFORM
             if controller is not None:
                 proposal = controller.observe(counts, result.compute_seconds)
                 if proposal is not None:
@@ -338,6 +305,33 @@ class Worker:
             log.info(contract.FINISHED_LOG, self.step, digest)
         self.journal.write("done", step=self.step, generation=world.generation)
         return contract.EXIT_SUCCESS
+
+    def _first_step_done(self, now: float) -> None:
+        """The new world's first step: its pause since the last step of the job, and a sharded
+        worker's handoff dropped (stale from now on: the next world must not resume from it)."""
+        if self.source in ("memory", "peer", "buddies"):
+            pause = now - self.last_step_wall_time
+            self.last_pause = pause
+            metrics.RESCALE_PAUSE.observe(pause)
+            self.journal.write(
+                "resumed", generation=self.world.generation, step=self.step, pause_seconds=pause
+            )
+            if self.world.rank == 0:
+                log.info(contract.RESUMED_LOG, self.world.generation, pause)
+        if self.engine.collective_state:
+            (self.state_dir / state.HANDOFF_FILE).unlink(missing_ok=True)
+
+    def _copy_to_buddies(self, every_step: bool = False) -> bool:
+        """A sharded world's buddy copies of this step when due (``every_step``: at the world's start);
+        False when the exchange failed and the state is handed over for the next world."""
+        if self.copies is None or not (self.copies.due(self.step) or (every_step and self.copies.every)):
+            return True
+        try:
+            self.copies.exchange(self.step, self.last_step_wall_time)
+        except ReductionFailed as error:
+            self.hand_over_after_failure(error)
+            return False
+        return True
 
     def _reduce(self, mine: list[int]) -> tuple[torch.Tensor, float]:
         """This worker's part of the step, all-reduced; rank 0's message asks for the global batch
@@ -508,6 +502,13 @@ class Worker:
         if not self.engine.collective_state:
             log.warning("step %s failed (%s); handing over the state of step %s", self.step, error, self.step)
             self.hand_over()
+            return
+        if self.copies is not None and self.copies.every:
+            log.warning(
+                "step %s failed (%s); handing over this shard and its buddy copies", self.step + 1, error
+            )
+            handoff = self.copies.handoff(self.step, self.last_step_wall_time)
+            state.write_atomic(state.to_bytes(handoff), self.state_dir / state.HANDOFF_FILE)
             return
         log.warning(
             "step %s failed (%s); a sharded worker holds only its shard of step %s, so the next world "

@@ -69,7 +69,7 @@ class ReductionFailed(Exception):
 
 
 class Collectives(Protocol):
-    """The world's collectives as the engine needs them (see ``worker.DistCollectives``)."""
+    """The world's collectives as the engine needs them (see ``collectives.DistCollectives``)."""
 
     def all_reduce(self, tensor: torch.Tensor) -> Pending:
         """Start a sum all-reduce of ``tensor`` in place; the result is there once ``wait`` returns."""

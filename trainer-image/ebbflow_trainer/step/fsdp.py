@@ -17,6 +17,7 @@ Design and what comes next: docs/design/sharded.md.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -244,6 +245,22 @@ class ShardedEngine(VirtualNodeEngine):
         """The model's whole state, gathered on every worker (collective: every worker calls it)."""
         return {name: _whole(value) for name, value in self.spec.model.state_dict().items()}
 
+    def shard_state(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, list[Any]]]:
+        """This worker's pieces of the model and optimizer state, copied to the CPU (no collective),
+        and which entries are pieces: ``{"model": [names], "optimizer": [[index, key]]}``."""
+        model, names = {}, []
+        for name, value in self.spec.model.state_dict().items():
+            model[name] = _own_copy(value)
+            if isinstance(value, DTensor):
+                names.append(name)
+        saved = self.spec.optimizer.state_dict()
+        state, entries = {}, []
+        for index, values in saved["state"].items():
+            state[index] = {key: _own_copy(value) for key, value in values.items()}
+            entries += [[index, key] for key, value in values.items() if isinstance(value, DTensor)]
+        optimizer = {"state": state, "param_groups": copy.deepcopy(saved["param_groups"])}
+        return model, optimizer, {"model": names, "optimizer": entries}
+
     def load_model_state(self, saved: Mapping[str, Any]) -> None:
         current = self.spec.model.state_dict()
         pieces = {name: self._piece_like(value, current[name]) for name, value in saved.items()}
@@ -288,6 +305,15 @@ def raised_by_a_collective(error: BaseException) -> bool:
     while innermost is not None and innermost.tb_next is not None:
         innermost = innermost.tb_next
     return innermost is not None and innermost.tb_frame.f_code.co_filename.endswith("distributed_c10d.py")
+
+
+def _own_copy(value: Any) -> Any:
+    """This worker's piece of a sharded tensor, or a tensor, copied to the CPU; anything else as it is."""
+    if isinstance(value, DTensor):
+        value = value.to_local()
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    return value
 
 
 def _whole(value: Any) -> Any:

@@ -37,7 +37,8 @@ def sharding_problem(spec: TrainingSpec, config: TrainerConfig) -> str | None:
     if not config.checkpoint_path:
         return (
             f"{contract.ENV_CHECKPOINT_PATH} (spec.checkpoint.path) is empty: a sharded job needs a "
-            "durable checkpoint, because a worker that dies takes the only copy of its shard"
+            "durable checkpoint, because a worker lost together with the buddy keeping the copy of its "
+            "shard leaves nothing else to resume from"
         )
     return None
 
