@@ -9,7 +9,9 @@ reduced message, the sharded engine's gradient pieces) and the optimizer state (
 its own pieces only when sharded. Also timed: the median step, sharded against replicated in the
 same world (both engines run in the same processes, one after the other), and the sharded engine's
 buddy copy after each step (``TrainingSpec.buddy_every=1``: each rank's shard serialized, swapped
-with its buddies, kept), with the bytes of the copies a rank keeps.
+with its buddies, kept), with the bytes of the copies a rank keeps; and the baseline without
+elasticity, plain FSDP2 (each rank's B/N sequences in one pass, the optimizer built over the
+sharded parameters), whose step the sharded engine's is reported against.
 
 Reported per world size: MiB per worker for each part, the sharded/replicated ratio of the total,
 and the step-time ratio. A JSON copy goes to ``bench/results/sharded_memory.json``.
@@ -37,6 +39,8 @@ from ebbflow_trainer.step.engine import VirtualNodeEngine
 from ebbflow_trainer.step.fsdp import ShardedEngine
 from engines import trainer_config, worker_step
 from processes import join_world, rank_parser, run_ranks
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.utils.data import TensorDataset
 
@@ -147,9 +151,38 @@ def _measure(args: argparse.Namespace, sharded: bool) -> dict[str, Any]:
     return measured
 
 
+def _measure_plain_fsdp2(args: argparse.Namespace) -> dict[str, Any]:
+    """The baseline without elasticity: the same model under ``fully_shard`` as a user writes it, the
+    optimizer built over the sharded parameters, each rank's B/N sequences in one forward/backward."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    spec = _spec(args, sharded=True)
+    mesh = init_device_mesh("cpu", (world_size,))
+    for module in spec.shard_modules:
+        fully_shard(module, mesh=mesh)
+    fully_shard(spec.model, mesh=mesh)
+    optimizer = torch.optim.AdamW(spec.model.parameters(), lr=1e-3)
+    (tokens,) = spec.dataset.tensors  # type: ignore[attr-defined]
+    share = B // world_size
+    seconds = []
+    for number in range(args.steps + 1):  # the first step builds the optimizer state: not timed
+        batch = tokens[(number * B + rank * share) % len(tokens) :][:share]
+        dist.barrier()
+        started = time.perf_counter()
+        _loss(spec.model, [batch]).backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if number:
+            seconds.append(time.perf_counter() - started)
+    return {"step_seconds": statistics.median(seconds)}
+
+
 def _rank(args: argparse.Namespace) -> None:
     join_world(args.rank, args.workers, args.port)
-    rows = {"replicated": _measure(args, sharded=False), "sharded": _measure(args, sharded=True)}
+    rows = {
+        "replicated": _measure(args, sharded=False),
+        "sharded": _measure(args, sharded=True),
+        "plain_fsdp2": _measure_plain_fsdp2(args),
+    }
     gathered: list[Any] = [None] * args.workers
     dist.all_gather_object(gathered, rows)
     if args.rank == 0:
@@ -177,6 +210,12 @@ def _report(lines: list[dict[str, Any]]) -> dict[str, Any]:
         time_ratio = totals["sharded"][1] / totals["replicated"][1]
         print(f"   sharded/replicated: memory {memory_ratio:.3f}, step time {time_ratio:.2f}")
         row = {"world": world, "ranks": ranks, "memory_ratio": memory_ratio, "time_ratio": time_ratio}
+        plain = max(r["plain_fsdp2"]["step_seconds"] for r in ranks)
+        row["over_plain_fsdp2"] = totals["sharded"][1] / plain
+        print(
+            f"   plain FSDP2 (no virtual nodes, no elasticity): step {plain:.3f} s; the sharded engine's "
+            f"step {row['over_plain_fsdp2']:.2f} of it"
+        )
         buddies = [r["sharded"]["buddy"] for r in ranks if "buddy" in r["sharded"]]
         if buddies:
             copy_seconds = max(b["seconds"] for b in buddies)

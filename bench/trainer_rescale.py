@@ -13,6 +13,10 @@ docs run them, said there.
     .venv/bin/python bench/trainer_rescale.py [--scenario sigkill|sigterm] [--repeats 5]
         [--systems ebbflow torchrun torchft dlrover]
     .venv/bin/python bench/trainer_rescale.py --scenario join --systems ebbflow torchft
+    .venv/bin/python bench/trainer_rescale.py --systems ebbflow ebbflow-sharded
+
+``ebbflow-sharded`` is the same job trained sharded (``sharding="fsdp"``, fast mode, buddy copies
+every step): its pauses against the replicated job's, in the same run.
 
 A join: two nodes train, a third starts; the pause counts from its launcher's first join attempt
 (its imports done), as a pod the operator started ahead of need. Prints one JSON line per
@@ -35,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ebbflow_devtools.ports import free_port
-from ebbflow_devtools.testing.trainer_cluster import Job, Node, running_job
+from ebbflow_devtools.testing.trainer_cluster import SHARDED_DIGITS, Job, Node, running_job
 from ebbflow_devtools.waiting import wait_for
 from rescale_peers import (
     PATIENCE,
@@ -54,9 +58,18 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def measure_ebbflow(scenario: str, root: Path) -> float:
+    return _measure_ebbflow_job(scenario, root, {})
+
+
+def measure_ebbflow_sharded(scenario: str, root: Path) -> float:
+    """The same job trained sharded (FSDP2, fast mode, buddy copies every step)."""
+    return _measure_ebbflow_job(scenario, root, {"script": SHARDED_DIGITS, "mode": "fast"})
+
+
+def _measure_ebbflow_job(scenario: str, root: Path, settings: dict[str, str]) -> float:
     # Production defaults (the test harness lengthens the last call for busy CI machines).
     args = ["--simulated-vnode-seconds", str(STEP_SECONDS / 2), "--last-call-timeout", "1"]
-    with running_job(root, min_replicas=2, max_replicas=3, steps=100000, extra_args=args) as job:
+    with running_job(root, min_replicas=2, max_replicas=3, steps=100000, extra_args=args, **settings) as job:
         if scenario == "join":
             return _ebbflow_join(job)
         nodes = [job.start_node() for _ in range(3)]
@@ -146,7 +159,7 @@ def main() -> None:
     parser.add_argument(
         "--systems",
         nargs="+",
-        choices=("ebbflow", "torchrun", "torchft", "dlrover"),
+        choices=("ebbflow", "ebbflow-sharded", "torchrun", "torchft", "dlrover"),
         default=["ebbflow", "torchrun"],
     )
     args = parser.parse_args()
@@ -157,6 +170,7 @@ def main() -> None:
         )
     measures: dict[str, Callable[[str, Path], float]] = {
         "ebbflow": measure_ebbflow,
+        "ebbflow-sharded": measure_ebbflow_sharded,
         "torchrun": measure_torchrun,
         "torchft": measure_torchft,
         "dlrover": measure_dlrover,
@@ -176,7 +190,7 @@ def main() -> None:
     summary: dict[str, object] = {"scenario": args.scenario, "repeats": args.repeats}
     summary.update({name: _figures(pauses) for name, pauses in results.items()})
     ebbflow = sorted(results.get("ebbflow", []))
-    for peer in ("torchrun", "torchft", "dlrover"):
+    for peer in ("ebbflow-sharded", "torchrun", "torchft", "dlrover"):
         if ebbflow and peer in results:
             theirs = sorted(results[peer])
             ratio = theirs[len(theirs) // 2] / ebbflow[len(ebbflow) // 2]
