@@ -1,11 +1,12 @@
 """Trainer tier: sharded training (``TrainingSpec.sharding="fsdp"``, FSDP2 over gloo on CPU) through
 the membership changes the replicated engine goes through, against the calm one-worker reference.
 
-A sharded world re-forms from the whole state its workers gather at the step boundary where it
-stops (a join, a graceful leave), so no step is lost; a worker killed leaves a copy of its shard in
-its buddy's memory, from which the survivors rebuild the state; a worker lost with its buddy sends the
-world to the durable checkpoint. Fast mode, so the final parameters match the reference
-within float rounding (the reduce-scatters add in another order than one worker does).
+A sharded world re-forms from the shards its members keep: at a graceful stop (a join, a leave) each
+leaver's shard goes to a stayer, and each member of the new world receives the rows of its new piece,
+so no step is lost; a worker killed leaves a copy of its shard in its buddy's memory, from which the
+survivors rebuild the state; a worker lost with its buddy sends the world to the durable checkpoint.
+Fast mode, so the final parameters match the reference within float rounding (the reduce-scatters
+add in another order than one worker does).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def test_a_sharded_world_grows_and_shrinks_gracefully_without_losing_a_step(
         nodes = [*first, newcomer]
         job.wait_for_world(newcomer, 3, min_step=10)
         (joined,) = [g for g in newcomer.events("generation") if g["world"] == 3]
-        assert joined["source"] == "peer", _history(nodes)
+        assert joined["source"] == "shards", _history(nodes)
         olds = {g["generation"] for g in _generations(first) if g["world"] == 2}
         assert joined["step"] == max(s for g in olds for s in _steps_in(first, g)), _history(nodes)
 
@@ -97,7 +98,7 @@ def test_a_sharded_world_grows_and_shrinks_gracefully_without_losing_a_step(
         survivors = [n for n in nodes if n is not leaver]
         assert job.wait_all(survivors, 300) == [0, 0], job.logs()
         after = [g for g in _generations(survivors) if g["step"] >= left["step"] and g["world"] == 2]
-        assert after and {g["source"] for g in after} <= {"memory", "peer"}, _history(nodes)
+        assert after and {g["source"] for g in after} == {"shards"}, _history(nodes)
         assert min(g["step"] for g in after) == left["step"], _history(nodes)
         final = job.final_checkpoint()
         assert final["step"] == job.steps
@@ -135,7 +136,7 @@ def test_a_killed_sharded_worker_is_rebuilt_from_its_buddy_and_a_double_loss_fro
         logs = [n.log.read_text(errors="replace") for n in survivors]
         assert all("handing over this shard and its buddy copies" in log for log in logs), job.logs()
         world, source, step = _first_world_after(survivors, start)
-        assert (world, source) == (2, "buddies"), _history(nodes)
+        assert (world, source) == (2, "shards"), _history(nodes)
         assert step >= killed_after - 1, _history(nodes)
 
         (newcomer,) = job.start_held(1, running=tuple(survivors))

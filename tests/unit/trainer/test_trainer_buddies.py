@@ -1,6 +1,6 @@
 """Buddy copies of a sharded job's state, without torch.distributed: who keeps whose shard, which
-copies a rank keeps, what a new world can rebuild from its members' copies, and the whole state
-joined from every rank's pieces."""
+copies a rank keeps, what a new world can rebuild from its members' copies, and the rows of the old
+shards each rank of the new world receives."""
 
 from __future__ import annotations
 
@@ -14,10 +14,13 @@ from ebbflow_trainer.launch.buddies import (
     Missing,
     Piece,
     buddy_of,
+    heirs,
+    overlap,
     plan_assembly,
+    rows,
     ward_of,
 )
-from ebbflow_trainer.launch.state import join_shards
+from ebbflow_trainer.launch.shard_copies import piece_from, rows_for, shared_part
 
 
 @pytest.mark.parametrize(
@@ -100,29 +103,89 @@ def test_a_book_keeps_both_steps_until_the_newer_exchange_is_settled() -> None:
     assert book.copies() == {Piece(5, 3, 0): b"own-5", Piece(5, 3, 2): b"ward-5"}
 
 
-def _snapshot(rank: int, world: int, whole: dict[str, torch.Tensor], step: torch.Tensor) -> dict[str, Any]:
-    piece = {
-        name: torch.chunk(value, world)[rank] if rank < len(torch.chunk(value, world)) else value[:0]
-        for name, value in whole.items()
-    }
+def _snapshot(rank: int, world: int, whole: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """What ``capture_shard`` leaves for shard ``rank`` of ``world``: its rows of each sharded entry."""
+    piece = {name: value[slice(*rows(len(value), world, rank))] for name, value in whole.items()}
     return {
         "step": 5,
         "rng": {"rank": rank},
         "model": {"weight": piece["weight"], "counter": torch.tensor(3)},
         "optimizer": {
-            "state": {0: {"exp_avg": piece["exp_avg"], "step": step}},
+            "state": {0: {"exp_avg": piece["exp_avg"], "step": torch.tensor(5.0)}},
             "param_groups": [{"lr": 0.1, "params": [0]}],
         },
         "sharded": {"model": ["weight"], "optimizer": [[0, "exp_avg"]]},
     }
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_the_whole_state_is_every_ranks_pieces_in_rank_order_and_rank_0s_rest(world: int) -> None:
-    whole = {"weight": torch.arange(15.0).reshape(3, 5), "exp_avg": torch.arange(3.0) / 7}
-    joined = join_shards([_snapshot(rank, world, whole, torch.tensor(5.0)) for rank in range(world)])
-    assert torch.equal(joined["model"]["weight"], whole["weight"])
-    assert torch.equal(joined["model"]["counter"], torch.tensor(3))
-    assert torch.equal(joined["optimizer"]["state"][0]["exp_avg"], whole["exp_avg"])
-    assert torch.equal(joined["optimizer"]["state"][0]["step"], torch.tensor(5.0))
-    assert joined["rng"] == {"rank": 0} and "sharded" not in joined
+@pytest.mark.parametrize("old_world", [1, 2, 3, 4])
+@pytest.mark.parametrize("new_world", [1, 2, 3, 4])
+def test_each_new_rank_receives_exactly_its_rows_and_shard_0s_shared_state(
+    old_world: int, new_world: int
+) -> None:
+    whole = {"weight": torch.arange(20.0).reshape(10, 2), "exp_avg": torch.arange(10.0) / 7}
+    lengths = ({"weight": 10}, {(0, "exp_avg"): 10})
+    snapshots = [_snapshot(shard, old_world, whole) for shard in range(old_world)]
+    for rank in range(new_world):
+        parts = [
+            rows_for(snapshots[shard], lengths, (shard, old_world), (rank, new_world))
+            for shard in range(old_world)
+        ]
+        piece = piece_from(shared_part(snapshots[0]), parts)
+        mine = slice(*rows(10, new_world, rank))
+        assert torch.equal(piece["model"]["weight"], whole["weight"][mine])
+        assert torch.equal(piece["optimizer"]["state"][0]["exp_avg"], whole["exp_avg"][mine])
+        assert torch.equal(piece["model"]["counter"], torch.tensor(3))
+        assert torch.equal(piece["optimizer"]["state"][0]["step"], torch.tensor(5.0))
+        assert piece["rng"] == {"rank": 0} and piece["sharded"] == snapshots[0]["sharded"]
+
+
+@pytest.mark.parametrize(
+    ("length", "world", "expected"),
+    [
+        pytest.param(10, 3, [(0, 4), (4, 8), (8, 10)], id="uneven"),
+        pytest.param(3, 4, [(0, 1), (1, 2), (2, 3), (3, 3)], id="more-ranks-than-rows-the-last-empty"),
+        pytest.param(5, 4, [(0, 2), (2, 4), (4, 5), (5, 5)], id="chunk-leaves-the-last-empty"),
+        pytest.param(8, 1, [(0, 8)], id="one-rank-holds-all"),
+    ],
+)
+def test_rows_follow_torch_chunk(length: int, world: int, expected: list[tuple[int, int]]) -> None:
+    assert [rows(length, world, rank) for rank in range(world)] == expected
+    chunks = torch.chunk(torch.arange(length), world)
+    for rank, (start, stop) in enumerate(expected):
+        held = chunks[rank].tolist() if rank < len(chunks) else []
+        assert held == list(range(start, stop))
+
+
+@pytest.mark.parametrize(
+    ("length", "old_world", "new_world"), [(10, 3, 2), (10, 2, 3), (7, 4, 1), (3, 1, 4), (9, 3, 3)]
+)
+def test_the_overlaps_of_the_old_pieces_make_every_new_piece_in_order(
+    length: int, old_world: int, new_world: int
+) -> None:
+    whole = torch.arange(length)
+    old_pieces = [whole[slice(*rows(length, old_world, rank))] for rank in range(old_world)]
+    for new_rank in range(new_world):
+        parts = []
+        for old_rank, piece in enumerate(old_pieces):
+            found = overlap(length, (old_rank, old_world), (new_rank, new_world))
+            if found is not None:
+                parts.append(piece[found[0] : found[1]])
+        joined = torch.cat(parts) if parts else whole[:0]
+        assert torch.equal(joined, whole[slice(*rows(length, new_world, new_rank))])
+
+
+@pytest.mark.parametrize(
+    ("leaving", "expected"),
+    [
+        pytest.param([False, False, False], {}, id="a-join-nobody-leaves"),
+        pytest.param([False, True, False], {1: 2}, id="one-leaver-to-the-next-rank"),
+        pytest.param([False, True, True, False], {1: 3, 2: 3}, id="adjacent-leavers-to-the-next-stayer"),
+        pytest.param([True, False, False, True], {0: 1, 3: 1}, id="the-last-rank-wraps-around"),
+        pytest.param([True, True], None, id="everyone-leaves-nobody-keeps-a-shard"),
+    ],
+)
+def test_each_leavers_shard_goes_to_the_next_rank_that_stays(
+    leaving: list[bool], expected: dict[int, int] | None
+) -> None:
+    assert heirs(leaving) == expected

@@ -1,16 +1,16 @@
-"""Buddy copies of a sharded job's state: who holds whose shard, what to keep, and what a new world
-can rebuild from the copies its members hold (pure: no torch.distributed, no files).
+"""Where a sharded job's shards live between worlds: who keeps whose copy, which copies to keep,
+and what a new world can rebuild from what its members hold (pure: no torch.distributed, no files).
 
-Every ``buddy_every`` steps each rank r of a world of N sends the bytes of its shard (its pieces of
-the parameters and the optimizer state, with the state every rank shares) to ``buddy_of(r)``, on
-another node when the world spans several; it keeps its own copy of that step too. A copy is
-settled once the world's next all-reduce completed (every rank finished that exchange): the book
-then drops every older step. Until then it keeps both, so a crash during an exchange still leaves
-one step every shard of which some survivor holds.
+Every ``buddy_every`` steps each rank r sends its shard to ``buddy_of(r)`` (another node when the
+world spans several) and keeps its own copy of that step. A copy is settled once the world's next
+all-reduce completed (every rank finished that exchange); until then the book keeps the older step
+too, so a crash during an exchange still leaves a step every shard of which some survivor holds.
+At a graceful stop each leaver's shard goes to its heir (``heirs``) instead.
 
-After a crash the survivors hand over every copy they hold; ``plan_assembly`` picks the newest step
-whose every shard a member holds (each from the lowest-ranked holder), or names the shards missing
-(a rank and its buddy lost at once), which sends the job to its durable checkpoint.
+A new world gathers what its members hold; ``plan_assembly`` picks the newest step whose every shard
+a member holds (each from its lowest-ranked holder) or names the shards missing (a rank and its
+buddy lost at once: the job's durable checkpoint then), and ``overlap`` says which rows of an old
+shard each rank of the new world takes.
 """
 
 from __future__ import annotations
@@ -31,6 +31,34 @@ def ward_of(rank: int, world_size: int, per_node: int) -> int:
     """The rank whose copy ``rank`` keeps (the inverse of ``buddy_of``)."""
     stride = per_node if world_size > per_node else 1
     return (rank - stride) % world_size
+
+
+def rows(length: int, world_size: int, rank: int) -> tuple[int, int]:
+    """The rows ``[start, stop)`` of a dim-0 ``length`` that ``rank`` holds (FSDP2's layout, that of
+    ``torch.chunk``: pieces of ``ceil(length / world_size)`` rows, the last ranks' shorter or empty)."""
+    size = -(-length // world_size)
+    return min(rank * size, length), min((rank + 1) * size, length)
+
+
+def overlap(length: int, old: tuple[int, int], new: tuple[int, int]) -> tuple[int, int] | None:
+    """Which rows of old shard ``old = (rank, world)``'s piece belong to new shard ``new``'s, as
+    ``[start, stop)`` within the old piece, or None when they share none."""
+    old_start, old_stop = rows(length, old[1], old[0])
+    new_start, new_stop = rows(length, new[1], new[0])
+    start, stop = max(old_start, new_start), min(old_stop, new_stop)
+    return (start - old_start, stop - old_start) if start < stop else None
+
+
+def heirs(leaving: Sequence[bool]) -> dict[int, int] | None:
+    """At a graceful stop, who keeps each leaver's shard: the next rank that stays, cyclically. None
+    when every rank leaves (nobody to keep a shard: the state is gathered whole instead)."""
+    world = len(leaving)
+    if all(leaving):
+        return None
+    found = {}
+    for rank in (r for r in range(world) if leaving[r]):
+        found[rank] = next((rank + d) % world for d in range(1, world) if not leaving[(rank + d) % world])
+    return found
 
 
 @dataclass(frozen=True, order=True)

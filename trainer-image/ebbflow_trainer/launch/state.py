@@ -22,9 +22,9 @@ import logging
 import os
 import pickle
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -113,24 +113,6 @@ def capture_shard(engine: ShardedEngine, step: int, last_step_wall_time: float) 
     }
 
 
-def join_shards(snapshots: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The whole state from every rank's ``capture_shard`` of one step, in rank order: each sharded
-    entry is its pieces concatenated on dim 0 (FSDP2's layout); the rest is rank 0's."""
-    first = snapshots[0]
-    sharded = first["sharded"]
-    model = dict(first["model"])
-    for name in sharded["model"]:
-        model[name] = torch.cat([snapshot["model"][name] for snapshot in snapshots])
-    entries = {index: dict(values) for index, values in first["optimizer"]["state"].items()}
-    for index, key in sharded["optimizer"]:
-        pieces = [snapshot["optimizer"]["state"][index][key] for snapshot in snapshots]
-        entries[index][key] = torch.cat(pieces)
-    whole = {key: value for key, value in first.items() if key != "sharded"}
-    whole["model"] = model
-    whole["optimizer"] = {"state": entries, "param_groups": first["optimizer"]["param_groups"]}
-    return whole
-
-
 def _shared_state(engine: VirtualNodeEngine, step: int, last_step_wall_time: float) -> dict[str, Any]:
     """Everything of a state but the model and the optimizer."""
     return {
@@ -158,8 +140,13 @@ def _shared_state(engine: VirtualNodeEngine, step: int, last_step_wall_time: flo
 
 
 def restore(engine: VirtualNodeEngine, state: dict[str, Any]) -> None:
-    engine.load_model_state(state["model"])
-    engine.load_optimizer_state(state["optimizer"])
+    """Load ``state`` into ``engine``: whole tensors, or this worker's pieces when the state says which
+    entries are pieces (``"sharded"``: rebuilt from buddy copies for this world's layout)."""
+    if "sharded" in state:
+        cast("ShardedEngine", engine).load_shard_state(state["model"], state["optimizer"], state["sharded"])
+    else:
+        engine.load_model_state(state["model"])
+        engine.load_optimizer_state(state["optimizer"])
     rng = state["rng"]
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])

@@ -38,7 +38,6 @@ from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.batching import DynamicBatchingController
 from ebbflow_trainer.config import TrainerConfig
 from ebbflow_trainer.launch import object_checkpoints, shard_copies, state
-from ebbflow_trainer.launch.buddies import Missing, Piece
 from ebbflow_trainer.launch.collectives import (
     DistCollectives,
     resolve_backend,
@@ -143,14 +142,15 @@ class Worker:
     def agree_on_state(self) -> None:
         """Continue from the freshest state: in-memory handoffs first (survivors keep theirs, stale members
         and newcomers receive it from a peer), the durable checkpoint only when no member holds one."""
-        local, copies = self._read_handoff()
+        local, copies = shard_copies.read_handoff(self.state_dir / state.HANDOFF_FILE)
         source = "memory"
         steps, best, holder = self._highest(local)
-        rebuilt = self._rebuild_from_copies(copies, best - 1) if self.engine.collective_state else None
+        durable = self.checkpoint is not None or self.object_store is not None
+        rebuilt = self.copies.rebuild(copies, best - 1, durable) if self.copies else None
         if rebuilt is not None:
-            local, source = rebuilt, "buddies"
+            local, source = rebuilt, "shards"
             steps, best, holder = self._highest(local)
-        if best == 0 and (self.checkpoint is not None or self.object_store is not None):
+        if best == 0 and durable:
             local, source = self._read_durable(), "checkpoint"
             steps, best, holder = self._highest(local)
         mine = int(steps[self.world.rank])
@@ -191,27 +191,6 @@ class Worker:
             source,
             f", {lost} step(s) lost" if self.world.rank == 0 else "",
         )
-
-    def _read_handoff(self) -> tuple[dict[str, Any] | None, dict[Piece, bytes]]:
-        """This worker's handoff: a whole state, or a sharded survivor's buddy copies."""
-        local = state.read(self.state_dir / state.HANDOFF_FILE)
-        if local is not None and shard_copies.COPIES_KEY in local:
-            return None, shard_copies.held_copies(local)
-        return local, {}
-
-    def _rebuild_from_copies(self, copies: dict[Piece, bytes], newest_whole: int) -> dict[str, Any] | None:
-        """A sharded state rebuilt from the members' buddy copies (collective) when they hold a newer
-        complete step than any whole state (``newest_whole``, -1: none); else None, saying which
-        shards are lost when that sends the world to its durable checkpoint."""
-        rebuilt = shard_copies.rebuild(copies, self.world.rank, self.world.size, newest_whole)
-        if not isinstance(rebuilt, Missing):
-            return rebuilt
-        if self.world.rank == 0 and newest_whole < 0:
-            fallback = "the durable checkpoint" if self.checkpoint or self.object_store else "step 0"
-            log.warning(
-                "buddy copies cannot rebuild the state: %s; resuming from %s", rebuilt.message(), fallback
-            )
-        return None
 
     def _read_durable(self) -> dict[str, Any] | None:
         """The newest durable checkpoint: every worker reads the shared volume; from an object store
@@ -309,7 +288,7 @@ class Worker:
     def _first_step_done(self, now: float) -> None:
         """The new world's first step: its pause since the last step of the job, and a sharded
         worker's handoff dropped (stale from now on: the next world must not resume from it)."""
-        if self.source in ("memory", "peer", "buddies"):
+        if self.source in ("memory", "peer", "shards"):
             pause = now - self.last_step_wall_time
             self.last_pause = pause
             metrics.RESCALE_PAUSE.observe(pause)
@@ -460,8 +439,23 @@ class Worker:
                 self._store_unreachable(error)
 
     def stop_for_new_world(self) -> int:
-        """Someone asked to leave (or the agent must admit a newcomer): stop at this step boundary."""
-        self.write_checkpoint(self.hand_over())
+        """Someone asked to leave (or the agent must admit a newcomer): stop at this step boundary. A
+        sharded world keeps its shards in the stayers' memory, a leaver's with its heir."""
+        handoff = None
+        if self.copies is not None:
+            try:
+                handoff = self.copies.hand_over_at_stop(
+                    self.step, self.last_step_wall_time, self.leave.requested
+                )
+            except ReductionFailed as error:
+                self.hand_over_after_failure(error)
+                return EXIT_REFORM
+        if handoff is None:  # replicated, or every member of a sharded world leaves: the state whole
+            self.write_checkpoint(self.hand_over())
+        else:
+            self.write_checkpoint()
+            if handoff:
+                state.write_atomic(state.to_bytes(handoff), self.state_dir / state.HANDOFF_FILE)
         if self.world.rank == 0:
             self._report_last_step(force=True)
         if self.leave.requested:
@@ -511,11 +505,9 @@ class Worker:
             state.write_atomic(state.to_bytes(handoff), self.state_dir / state.HANDOFF_FILE)
             return
         log.warning(
-            "step %s failed (%s); a sharded worker holds only its shard of step %s, so the next world "
-            "resumes from the durable checkpoint",
-            self.step,
+            "step %s failed (%s); with buddy_every=0 the next world resumes from the checkpoint",
+            self.step + 1,
             error,
-            self.step,
         )
 
     def write_checkpoint(self, captured: dict[str, Any] | None = None) -> None:

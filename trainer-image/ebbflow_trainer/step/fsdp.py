@@ -283,6 +283,29 @@ class ShardedEngine(VirtualNodeEngine):
         }
         self.spec.optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
 
+    def load_shard_state(
+        self, model: Mapping[str, Any], optimizer: Mapping[str, Any], sharded: Mapping[str, list[Any]]
+    ) -> None:
+        """Load this worker's own pieces (already in this world's layout; ``sharded`` names them)."""
+        current = self.spec.model.state_dict()
+        pieces = set(sharded["model"])
+        self.spec.model.load_state_dict(
+            {
+                name: _local_as(value, current[name]) if name in pieces else value
+                for name, value in model.items()
+            }
+        )
+        flat = [param for group in self.spec.optimizer.param_groups for param in group["params"]]
+        entries = {(index, key) for index, key in sharded["optimizer"]}
+        state = {
+            index: {
+                key: _local_as(value, flat[index]) if (index, key) in entries else value
+                for key, value in values.items()
+            }
+            for index, values in optimizer["state"].items()
+        }
+        self.spec.optimizer.load_state_dict({"state": state, "param_groups": optimizer["param_groups"]})
+
     def _piece_like(self, whole: Any, like: Any) -> Any:
         """This worker's piece of ``whole`` when ``like`` is a sharded tensor of its shape (FSDP2's
         layout: rank r holds ``torch.chunk(whole, N)[r]``, empty past the last chunk); else ``whole``."""
@@ -290,10 +313,7 @@ class ShardedEngine(VirtualNodeEngine):
             return whole
         chunks = torch.chunk(whole, self.world_size, dim=0)
         local = chunks[self.rank] if self.rank < len(chunks) else whole.new_empty((0, *whole.shape[1:]))
-        local = local.to(device=like.device, dtype=like.dtype).contiguous()
-        return DTensor.from_local(
-            local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride()
-        )
+        return _local_as(local, like)
 
 
 def raised_by_a_collective(error: BaseException) -> bool:
@@ -305,6 +325,14 @@ def raised_by_a_collective(error: BaseException) -> bool:
     while innermost is not None and innermost.tb_next is not None:
         innermost = innermost.tb_next
     return innermost is not None and innermost.tb_frame.f_code.co_filename.endswith("distributed_c10d.py")
+
+
+def _local_as(local: torch.Tensor, like: DTensor) -> DTensor:
+    """``local`` as this worker's piece of a sharded tensor laid out like ``like``."""
+    local = local.to(device=like.device, dtype=like.dtype).contiguous()
+    return DTensor.from_local(
+        local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride()
+    )
 
 
 def _own_copy(value: Any) -> Any:
