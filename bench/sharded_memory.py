@@ -126,7 +126,7 @@ def _measure(args: argparse.Namespace, sharded: bool) -> dict[str, Any]:
     comm = DistCollectives(torch.device("cpu"))
     worker_step(engine, rank, world_size, comm)(0)  # warm-up: the optimizer state exists from here on
     mine = ranges_from_counts(even_counts(V, world_size))[rank]
-    copies = ShardCopies(engine, rank, world_size, 1, 1) if sharded else None  # type: ignore[arg-type]
+    copies = ShardCopies(engine, rank, world_size, 1, 1, torch.device("cpu")) if sharded else None  # type: ignore[arg-type]
     seconds, copy_seconds, held = [], [], {}
     for number in range(1, args.steps + 1):
         dist.barrier()

@@ -11,6 +11,7 @@ add in another order than one worker does).
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -150,7 +151,10 @@ def test_a_killed_sharded_worker_is_rebuilt_from_its_buddy_and_a_double_loss_fro
         (survivor,) = [n for n in nodes if n not in lost_together]
         assert job.wait_all([survivor], 300) == [0], job.logs()
         log = survivor.log.read_text(errors="replace")
-        assert "the shards of rank(s) 1 of the world of 3" in log, job.logs()
+        # Rank 1's shard is lost at every step; rank 2's too at a step whose exchange the kill cut.
+        assert re.search(r"the shards of rank\(s\) 1(, 2)? of the world of 3 after step \d+ are lost", log), (
+            job.logs()
+        )
         assert "resuming from the durable checkpoint" in log, job.logs()
         world, source, step = _first_world_after([survivor], regrown)
         assert (world, source) == (1, "checkpoint") and step % CHECKPOINT_EVERY == 0, _history(nodes)

@@ -79,8 +79,17 @@ def test_each_local_process_has_its_own_handoff_and_markers(tmp_path: Path) -> N
     markers.training[0].unlink()
     markers.left[0].unlink()
     assert markers.graceful(), "local rank 0 was between steps, local rank 1 left"
+    markers.mark_leaving()
+    assert all(m.exists() for m in markers.leaving)
     markers.clear()
-    assert not any(m.exists() for m in (*markers.left, *markers.training))
+    assert not any(m.exists() for m in (*markers.left, *markers.training, *markers.leaving))
+
+
+def test_a_new_launcher_finds_no_marker_an_earlier_process_left(tmp_path: Path) -> None:
+    """A leaving marker left on the volume would make the next launcher's workers give their shards away."""
+    Markers(tmp_path, 1).mark_leaving()
+    markers = Markers(tmp_path, 1)
+    assert not any(m.exists() for m in (*markers.left, *markers.training, *markers.leaving))
 
 
 def test_a_captured_state_holds_cpu_tensors_and_keeps_the_state_dict_metadata() -> None:

@@ -5,7 +5,8 @@ Torch restarts a failed worker group until ``max_restarts`` run out. A worker th
 stops at once and the launcher exits with the worker's code, which the operator reads from the pod.
 
 After the pod's SIGTERM the agent gives the workers the leave grace (less the launcher's margin) to
-exit, then kills them; `outlived_grace` says whether it had to (the launcher reports it).
+exit, then kills them; `outlived_grace` says whether it had to (the launcher reports it). Workers get
+SIGTERM for a restart into the next world too; `on_pod_leaving` runs first only when the pod leaves.
 
 The trainer runs on torch >= 2.4 (a vendor's torch in the image's base, docs/images.md), and the
 agent's constructor grew options since: `shutdown_option` passes only what the installed one takes.
@@ -17,6 +18,7 @@ import inspect
 import logging
 import signal
 import time
+from collections.abc import Callable
 from typing import TypedDict
 
 from ebbflow_api import contract
@@ -64,9 +66,22 @@ OUTLIVED_MARGIN_S = 0.5
 class EbbflowAgent(LocalElasticAgent):
     # The seconds the workers were given after SIGTERM and outlived (then killed); None if they exited.
     outlived_grace: int | None = None
+    # Called before the workers get the pod's SIGTERM, not a restart's (their shards then go to heirs).
+    on_pod_leaving: Callable[[], None] | None = None
+    _restarting = False
+
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        """A restart into the next world (a newcomer waits, a peer failed): the workers stay."""
+        self._restarting = True
+        try:
+            super()._stop_workers(worker_group)
+        finally:
+            self._restarting = False
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         started = time.monotonic()
+        if death_sig == signal.SIGTERM and not self._restarting and self.on_pod_leaving is not None:
+            self.on_pod_leaving()
         super()._shutdown(death_sig, timeout)
         if death_sig == signal.SIGTERM and time.monotonic() - started >= timeout - OUTLIVED_MARGIN_S:
             self.outlived_grace = timeout

@@ -47,17 +47,24 @@ class Markers:
     """The LEFT and TRAINING markers of the pod's workers, one pair per local rank (see :mod:`.state`)."""
 
     def __init__(self, state_dir: Path, nproc_per_node: int):
-        from ebbflow_trainer.launch.state import LEFT_MARKER, TRAINING_MARKER, local_dir
+        from ebbflow_trainer.launch.state import LEAVING_MARKER, LEFT_MARKER, TRAINING_MARKER, local_dir
 
         directories = [local_dir(state_dir, r) for r in range(nproc_per_node)]
         for directory in directories:
             directory.mkdir(parents=True, exist_ok=True)
         self.left = [directory / LEFT_MARKER for directory in directories]
         self.training = [directory / TRAINING_MARKER for directory in directories]
+        self.leaving = [directory / LEAVING_MARKER for directory in directories]
+        self.clear()  # a launcher starts with none: those on the volume are an earlier process's
 
     def clear(self) -> None:
-        for marker in (*self.left, *self.training):
+        for marker in (*self.left, *self.training, *self.leaving):
             marker.unlink(missing_ok=True)
+
+    def mark_leaving(self) -> None:
+        """The pod leaves: its workers' SIGTERM is a leave, not a restart into the next world."""
+        for marker in self.leaving:
+            marker.touch()
 
     def graceful(self) -> bool:
         """Leaving loses nothing: every worker finished its step and left, or was not inside a step."""
@@ -104,7 +111,6 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
 
     _prepare_process(config, preload_script=not torchrun)
     markers = Markers(Path(config.state_dir), config.nproc_per_node)
-    markers.clear()
     uploader = None if torchrun else _start_uploader(config)
     drain_seconds = UPLOAD_DRAIN_S
     handler = GenerationRendezvousHandler(config)
@@ -138,6 +144,7 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
         # The worker gets the pod's grace period, less a margin for the agent to exit.
         **shutdown_option(EbbflowAgent, max(1, config.leave_grace_seconds - LAUNCHER_MARGIN_S)),
     )
+    agent.on_pod_leaving = markers.mark_leaving
     signal.signal(signal.SIGTERM, leave_when_asked)
     try:
         result = agent.run()

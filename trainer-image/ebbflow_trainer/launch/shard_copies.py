@@ -46,7 +46,16 @@ COPIES_KEY = "shard_copies"  # a handoff of copies, not of a whole state, holds 
 class ShardCopies:
     """One rank's buddy copies: made every ``every`` steps, handed over after a failure."""
 
-    def __init__(self, engine: ShardedEngine, rank: int, world_size: int, per_node: int, every: int):
+    def __init__(
+        self,
+        engine: ShardedEngine,
+        rank: int,
+        world_size: int,
+        per_node: int,
+        every: int,
+        device: torch.device,
+    ):
+        self.device = device  # the collectives' (CUDA under nccl, the CPU under gloo)
         self.engine = engine
         self.rank, self.world_size = rank, world_size
         self.buddy = buddy_of(rank, world_size, per_node)
@@ -62,17 +71,17 @@ class ShardCopies:
         mine = state.to_bytes(state.capture_shard(self.engine, step, last_step_wall_time))
         self.book.record(step, self.rank, mine)
         try:
-            sizes = torch.zeros(self.world_size, dtype=torch.int64)
+            sizes = torch.zeros(self.world_size, dtype=torch.int64, device=self.device)
             sizes[self.rank] = len(mine)
             dist.all_reduce(sizes)
-            incoming = torch.empty(int(sizes[self.ward]), dtype=torch.uint8)
-            outgoing = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+            incoming = torch.empty(int(sizes[self.ward]), dtype=torch.uint8, device=self.device)
+            outgoing = _as_tensor(mine).to(self.device)
             ops = [dist.P2POp(dist.isend, outgoing, self.buddy), dist.P2POp(dist.irecv, incoming, self.ward)]
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
         except RuntimeError as error:  # gloo's error when a peer is gone
             raise ReductionFailed(f"buddy copy of step {step}: {error}") from error
-        self.book.record(step, self.ward, incoming.numpy().tobytes())
+        self.book.record(step, self.ward, _bytes(incoming))
 
     def hand_over_at_stop(
         self, step: int, last_step_wall_time: float, leaving: bool
@@ -81,22 +90,24 @@ class ShardCopies:
         each rank that stays returns the handoff of its own shard and those it inherited ({} for a
         leaver). None when every rank leaves: nobody can keep a shard."""
         try:
-            flags = torch.zeros(self.world_size, dtype=torch.int64)
+            flags = torch.zeros(self.world_size, dtype=torch.int64, device=self.device)
             flags[self.rank] = int(leaving)
             dist.all_reduce(flags)
             keepers = heirs([bool(flag) for flag in flags])
             if keepers is None:
                 return None
             mine = state.to_bytes(state.capture_shard(self.engine, step, last_step_wall_time))
-            sizes = torch.zeros(self.world_size, dtype=torch.int64)
+            sizes = torch.zeros(self.world_size, dtype=torch.int64, device=self.device)
             sizes[self.rank] = len(mine)
             dist.all_reduce(sizes)
             inherited = {
-                r: torch.empty(int(sizes[r]), dtype=torch.uint8) for r, h in keepers.items() if h == self.rank
+                r: torch.empty(int(sizes[r]), dtype=torch.uint8, device=self.device)
+                for r, h in keepers.items()
+                if h == self.rank
             }
             ops = [dist.P2POp(dist.irecv, buffer, leaver) for leaver, buffer in inherited.items()]
             if leaving:
-                ops.append(dist.P2POp(dist.isend, _as_tensor(mine), keepers[self.rank]))
+                ops.append(dist.P2POp(dist.isend, _as_tensor(mine).to(self.device), keepers[self.rank]))
             for work in dist.batch_isend_irecv(ops) if ops else []:
                 work.wait()
         except RuntimeError as error:  # gloo's error when a peer is gone
@@ -106,7 +117,7 @@ class ShardCopies:
         book = BuddyBook(self.world_size)
         book.record(step, self.rank, mine)
         for leaver, buffer in inherited.items():
-            book.record(step, leaver, buffer.numpy().tobytes())
+            book.record(step, leaver, _bytes(buffer))
         return _handoff_of(book)
 
     def settle(self) -> None:
@@ -128,7 +139,7 @@ class ShardCopies:
             )
         if plan is None or isinstance(plan, Missing) or plan.step <= newest_whole:
             return None
-        return _reshard(plan, copies, self.engine, self.rank, self.world_size)
+        return _reshard(plan, copies, self)
 
     def handoff(self, step: int, last_step_wall_time: float) -> dict[str, Any]:
         """What a survivor of a failed collective leaves for the next world (no collective): the
@@ -149,13 +160,13 @@ def _handoff_of(book: BuddyBook) -> dict[str, Any]:
 
 
 def for_world(
-    engine: VirtualNodeEngine, rank: int, world_size: int, per_node: int, every: int
+    engine: VirtualNodeEngine, rank: int, world_size: int, per_node: int, every: int, device: torch.device
 ) -> ShardCopies | None:
     """The buddy copies of a sharded engine's world; None for a replicated one (every worker holds
     the whole state)."""
     if not engine.collective_state:
         return None
-    return ShardCopies(cast("ShardedEngine", engine), rank, world_size, per_node, every)
+    return ShardCopies(cast("ShardedEngine", engine), rank, world_size, per_node, every, device)
 
 
 def read_handoff(path: Path) -> tuple[dict[str, Any] | None, dict[Piece, bytes]]:
@@ -170,40 +181,38 @@ def read_handoff(path: Path) -> tuple[dict[str, Any] | None, dict[Piece, bytes]]
     return None, copies
 
 
-def _reshard(
-    plan: Assembly, copies: dict[Piece, bytes], engine: ShardedEngine, rank: int, world_size: int
-) -> dict[str, Any]:
+def _reshard(plan: Assembly, copies: dict[Piece, bytes], world: ShardCopies) -> dict[str, Any]:
     """Move to each member of the new world only the rows of the old shards that its piece holds
     (``overlap``), each old shard sent by its holder; the rest of the state comes from shard 0's."""
-    sources = plan.sources
+    sources, rank, device = plan.sources, world.rank, world.device
     mine = {
         shard: state.from_bytes(copies[Piece(plan.step, plan.world, shard)])
         for shard, source in enumerate(sources)
         if source == rank
     }
     shared = [shared_part(mine[0]) if sources[0] == rank else None]
-    dist.broadcast_object_list(shared, src=sources[0])
+    dist.broadcast_object_list(shared, src=sources[0], device=device)
     template = shared[0]
     assert template is not None
-    lengths = _lengths(engine, template["sharded"])
+    lengths = _lengths(world.engine, template["sharded"])
     outgoing = {
         (shard, member): state.to_bytes(
-            rows_for(snapshot, lengths, (shard, plan.world), (member, world_size))
+            rows_for(snapshot, lengths, (shard, plan.world), (member, world.world_size))
         )
         for shard, snapshot in mine.items()
-        for member in range(world_size)
+        for member in range(world.world_size)
     }
-    sizes = torch.zeros(plan.world, world_size, dtype=torch.int64)
+    sizes = torch.zeros(plan.world, world.world_size, dtype=torch.int64, device=device)
     for (shard, member), data in outgoing.items():
         sizes[shard, member] = len(data)
     dist.all_reduce(sizes)
     incoming = {
-        shard: torch.empty(int(sizes[shard, rank]), dtype=torch.uint8)
+        shard: torch.empty(int(sizes[shard, rank]), dtype=torch.uint8, device=device)
         for shard, source in enumerate(sources)
         if source != rank
     }
     ops = [
-        dist.P2POp(dist.isend, _as_tensor(data), member)
+        dist.P2POp(dist.isend, _as_tensor(data).to(device), member)
         for (_, member), data in outgoing.items()
         if member != rank
     ]
@@ -211,7 +220,7 @@ def _reshard(
     for work in dist.batch_isend_irecv(ops) if ops else []:
         work.wait()
     parts = [
-        outgoing[(shard, rank)] if source == rank else incoming[shard].numpy().tobytes()
+        outgoing[(shard, rank)] if source == rank else _bytes(incoming[shard])
         for shard, source in enumerate(sources)
     ]
     return piece_from(template, [state.from_bytes(part) for part in parts])
@@ -275,6 +284,10 @@ def piece_from(template: dict[str, Any], parts: list[dict[str, Any]]) -> dict[st
             [template["optimizer"]["state"][index][key], *rows]
         )
     return joined
+
+
+def _bytes(tensor: torch.Tensor) -> bytes:
+    return tensor.cpu().numpy().tobytes()
 
 
 def _as_tensor(data: bytes) -> torch.Tensor:

@@ -47,6 +47,9 @@ CHECKPOINT_FILE = "checkpoint.pt"
 LEFT_MARKER = "left"
 MAGIC = b"EBBFST01"  # format 1: MAGIC + SHA-256(payload) + torch.save payload
 DIGEST_BYTES = 32
+# The launcher writes this before it passes the pod's SIGTERM on to the workers (a restart into the
+# next world sends them SIGTERM too): a sharded worker that finds it gives its shard to an heir.
+LEAVING_MARKER = "leaving"
 # Present while this node's worker is inside a step: from the start of training until train() returns
 # at a step boundary with the state handed over or saved. A launcher SIGTERMed without it (between
 # worlds, in a rendezvous, after a re-form stop) loses nothing by leaving, so it exits 0 as well.

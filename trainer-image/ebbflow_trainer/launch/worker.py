@@ -127,7 +127,7 @@ class Worker:
         # A sharded world's copies of each worker's shard in a buddy's memory (TrainingSpec.buddy_every).
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         self.copies = shard_copies.for_world(
-            self.engine, world.rank, world.size, per_node, self.spec.buddy_every
+            self.engine, world.rank, world.size, per_node, self.spec.buddy_every, self.comm_device
         )
 
     # --- state agreement -------------------------------------------------------------------------
@@ -444,9 +444,8 @@ class Worker:
         handoff = None
         if self.copies is not None:
             try:
-                handoff = self.copies.hand_over_at_stop(
-                    self.step, self.last_step_wall_time, self.leave.requested
-                )
+                leaving = self.leave.requested and (self.state_dir / state.LEAVING_MARKER).exists()
+                handoff = self.copies.hand_over_at_stop(self.step, self.last_step_wall_time, leaving)
             except ReductionFailed as error:
                 self.hand_over_after_failure(error)
                 return EXIT_REFORM
