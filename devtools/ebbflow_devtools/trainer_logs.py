@@ -33,7 +33,7 @@ class Resumption:
     rank: int
     world_size: int
     step: int
-    source: str  # memory, peer, checkpoint or fresh
+    source: str  # memory, peer, shards (a sharded world rebuilt from its members), checkpoint or fresh
     steps_lost: int | None  # rank 0 only
 
 
