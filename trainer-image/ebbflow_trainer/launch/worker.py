@@ -451,10 +451,8 @@ class Worker:
                 return EXIT_REFORM
         if handoff is None:  # replicated, or every member of a sharded world leaves: the state whole
             self.write_checkpoint(self.hand_over())
-        else:
-            self.write_checkpoint()
-            if handoff:
-                state.write_atomic(state.to_bytes(handoff), self.state_dir / state.HANDOFF_FILE)
+        elif handoff:  # no checkpoint: the stayers hold every shard, and gathering costs a replica each
+            state.write_atomic(state.to_bytes(handoff), self.state_dir / state.HANDOFF_FILE)
         if self.world.rank == 0:
             self._report_last_step(force=True)
         if self.leave.requested:
