@@ -502,7 +502,8 @@ class Worker:
             state.write_atomic(state.to_bytes(handoff), self.state_dir / state.HANDOFF_FILE)
             return
         log.warning(
-            "step %s failed (%s); with buddy_every=0 the next world resumes from the checkpoint",
+            "step %s failed (%s); no buddy copies (buddy_every=0, or a world of one): the next world "
+            "resumes from the durable checkpoint",
             self.step + 1,
             error,
         )
