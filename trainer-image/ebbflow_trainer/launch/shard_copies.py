@@ -1,12 +1,12 @@
-"""The worker's side of a sharded job's buddy copies (:mod:`.buddies` decides; this moves bytes).
+"""The worker's side of keeping a sharded state in memory (:mod:`.buddies` decides; this moves bytes).
 
-At a step boundary every ``TrainingSpec.buddy_every`` steps each rank serializes its shard
-(``state.capture_shard``), keeps it, and swaps it with its buddies over the world's process group:
-its own to ``buddy_of(rank)``, its ward's from ``ward_of(rank)``. After a failed collective the
-survivor hands over every copy it holds plus its own shard as it stands (the last completed step:
-a failed step changed no parameter), with no collective. The next world gathers who holds what and
-picks the newest complete step; each old shard's holder sends every member only the rows of it
-that member's new piece holds (``buddies.overlap``), so no worker ever holds the whole state.
+Every ``TrainingSpec.buddy_every`` steps each rank serializes its shard (``state.capture_shard``),
+keeps it, and swaps it with its buddies: its own to ``buddy_of(rank)``, its ward's from
+``ward_of(rank)``. After a failed collective a survivor hands over every copy it holds plus its own
+shard as it stands (a failed step changed no parameter), with no collective; at a graceful stop each
+leaver's shard goes to its heir and every stayer hands over what it holds. The next world gathers who
+holds what and picks the newest complete step; each old shard's holder sends every member only the
+rows of it that member's new piece holds (``buddies.overlap``), so no handoff is a whole state.
 
 Invariants: an exchange is collective and every rank reaches it at the same step (the step count
 decides); a failed exchange raises ``ReductionFailed`` like any failed collective, and the copies
@@ -44,7 +44,8 @@ COPIES_KEY = "shard_copies"  # a handoff of copies, not of a whole state, holds 
 
 
 class ShardCopies:
-    """One rank's buddy copies: made every ``every`` steps, handed over after a failure."""
+    """One rank's part: buddy copies every ``every`` steps, its handoff after a failure or at a
+    graceful stop, and its pieces of the state the next world rebuilds."""
 
     def __init__(
         self,
