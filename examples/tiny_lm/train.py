@@ -3,7 +3,8 @@
 The "text" comes from a fixed random bigram chain over a small vocabulary, so the model has real
 structure to learn: the loss falls from log(vocab) towards the chain's entropy.
 Run it elastically (see docs/trainer.md): ``ebbflow-train run examples/tiny_lm/train.py``; sharded
-over the workers (FSDP2, each transformer block its own unit): ``examples/tiny_lm/train.py:build_sharded``.
+over the workers (FSDP2, each transformer block its own unit): ``examples/tiny_lm/train.py:build_sharded``
+(``bench/sharded_lm_elastic.py`` trains it through a join, a leave and a kill).
 """
 
 from __future__ import annotations
