@@ -11,7 +11,8 @@ same world (both engines run in the same processes, one after the other), and th
 buddy copy after each step (``TrainingSpec.buddy_every=1``: each rank's shard serialized, swapped
 with its buddies, kept), with the bytes of the copies a rank keeps; and the baseline without
 elasticity, plain FSDP2 (each rank's B/N sequences in one pass, the optimizer built over the
-sharded parameters), whose step the sharded engine's is reported against.
+sharded parameters), whose step the sharded engine's is reported against, in both of its gathers
+(``shard_gather``: every pass, or once per step).
 
 Reported per world size: MiB per worker for each part, the sharded/replicated ratio of the total,
 and the step-time ratio. A JSON copy goes to ``bench/results/sharded_memory.json``.
@@ -73,7 +74,7 @@ def _loss(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
 
-def _spec(args: argparse.Namespace, sharded: bool) -> TrainingSpec:
+def _spec(args: argparse.Namespace, sharded: bool, gather: str = "per_pass") -> TrainingSpec:
     torch.manual_seed(0)
     model = LM(args)
     tokens = torch.randint(0, args.vocab, (4 * B, CONTEXT + 1), generator=torch.Generator().manual_seed(1))
@@ -86,6 +87,7 @@ def _spec(args: argparse.Namespace, sharded: bool) -> TrainingSpec:
     if sharded:
         spec.sharding = "fsdp"
         spec.shard_modules = list(model.blocks.layers)
+        spec.shard_gather = gather  # type: ignore[assignment]
     return spec
 
 
@@ -111,7 +113,7 @@ def _held(engine: VirtualNodeEngine, message: torch.Tensor, sharded: bool) -> di
     return {"parameters": params / MIB, "gradient": gradient / MIB, "optimizer": optimizer / MIB}
 
 
-def _measure(args: argparse.Namespace, sharded: bool) -> dict[str, Any]:
+def _measure(args: argparse.Namespace, sharded: bool, gather: str = "per_pass") -> dict[str, Any]:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     config = trainer_config(
         max_replicas=args.workers,
@@ -120,7 +122,7 @@ def _measure(args: argparse.Namespace, sharded: bool) -> dict[str, Any]:
         mode="fast",
         checkpoint_path="/unused",
     )
-    spec = _spec(args, sharded)
+    spec = _spec(args, sharded, gather)
     engine: VirtualNodeEngine = (ShardedEngine if sharded else VirtualNodeEngine)(spec, config)
     engine.join_world(world_size)
     comm = DistCollectives(torch.device("cpu"))
@@ -181,6 +183,7 @@ def _rank(args: argparse.Namespace) -> None:
     rows = {
         "replicated": _measure(args, sharded=False),
         "sharded": _measure(args, sharded=True),
+        "sharded_per_step": _measure(args, sharded=True, gather="per_step"),
         "plain_fsdp2": _measure_plain_fsdp2(args),
     }
     gathered: list[Any] = [None] * args.workers
@@ -215,6 +218,13 @@ def _report(lines: list[dict[str, Any]]) -> dict[str, Any]:
         print(
             f"   plain FSDP2 (no virtual nodes, no elasticity): step {plain:.3f} s; the sharded engine's "
             f"step {row['over_plain_fsdp2']:.2f} of it"
+        )
+        per_step = max(r["sharded_per_step"]["step_seconds"] for r in ranks)
+        whole = sum(ranks[0]["replicated"]["held"][part] for part in ("parameters", "gradient"))
+        row["per_step_over_plain_fsdp2"] = per_step / plain
+        print(
+            f"   shard_gather=per_step: step {per_step:.3f} s, {row['per_step_over_plain_fsdp2']:.2f} of "
+            f"plain FSDP2's (whole parameters and gradient held through the step: {whole:.2f} MiB)"
         )
         buddies = [r["sharded"]["buddy"] for r in ranks if "buddy" in r["sharded"]]
         if buddies:

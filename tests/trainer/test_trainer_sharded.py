@@ -6,7 +6,9 @@ leaver's shard goes to a stayer, and each member of the new world receives the r
 so no step is lost; a worker killed leaves a copy of its shard in its buddy's memory, from which the
 survivors rebuild the state; a worker lost with its buddy sends the world to the durable checkpoint.
 Fast mode, so the final parameters match the reference within float rounding (the reduce-scatters
-add in another order than one worker does).
+add in another order than one worker does). The job that grows and shrinks gathers once per step
+(``shard_gather="per_step"``: a worker with fewer passes than another still matches its collectives),
+the others every pass.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ebbflow_api import contract
 from ebbflow_devtools.testing.trainer_cluster import (
     HELD_DIGITS,
     SHARDED_DIGITS,
+    SHARDED_DIGITS_PER_STEP,
     Job,
     Node,
     parameters_of,
@@ -64,14 +67,14 @@ def _history(nodes: list[Node]) -> str:
     return str(sorted(worlds))
 
 
-def _sharded_job(tmp_path: Path, min_replicas: int = 2) -> Any:
+def _sharded_job(tmp_path: Path, min_replicas: int = 2, script: str = SHARDED_DIGITS) -> Any:
     interval = {contract.ENV_CHECKPOINT_INTERVAL_STEPS: str(CHECKPOINT_EVERY)}
     return running_job(
         tmp_path,
         min_replicas=min_replicas,
         max_replicas=3,
         mode="fast",
-        script=SHARDED_DIGITS,
+        script=script,
         extra_args=SLOW_STEPS,
         env=interval,
     )
@@ -80,7 +83,7 @@ def _sharded_job(tmp_path: Path, min_replicas: int = 2) -> Any:
 def test_a_sharded_world_grows_and_shrinks_gracefully_without_losing_a_step(
     tmp_path: Path, calm_reference: dict[str, Any]
 ) -> None:
-    with _sharded_job(tmp_path) as job:
+    with _sharded_job(tmp_path, script=SHARDED_DIGITS_PER_STEP) as job:
         first = job.start_held(2)
         job.wait_for_world(first[0], 2, min_step=5)
         (newcomer,) = job.start_held(1, running=tuple(first))

@@ -31,6 +31,8 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 Precision = Literal["fp32", "bf16", "fp16"]
 SHARDINGS = ("none", "fsdp")
 Sharding = Literal["none", "fsdp"]
+SHARD_GATHERS = ("per_pass", "per_step")
+ShardGather = Literal["per_pass", "per_step"]
 ExtraState = tuple[Callable[[], dict[str, Any]], Callable[[dict[str, Any]], None]]
 
 
@@ -96,6 +98,11 @@ class TrainingSpec:
     - ``buddy_every``: with ``sharding="fsdp"``, every how many steps each worker copies its shard
       into another worker's host memory, so that a crashed worker's shard is rebuilt from that copy
       (losing the steps since); 0: no copies, a crash resumes from the durable checkpoint.
+    - ``shard_gather``: with ``sharding="fsdp"``, how a step's passes (one per virtual node a worker
+      owns) use the shards: ``"per_pass"`` gathers each unit's parameters for every pass and
+      reduce-scatters every pass's gradient (one unit whole at a time: the least memory);
+      ``"per_step"`` gathers once and reduce-scatters once per step, as plain FSDP2 does, holding the
+      whole parameters and gradient through the step's passes (the optimizer state stays sharded).
     - ``loader_workers``: background processes building virtual-node batches (0: in the training
       process), forked from the worker; ``prefetch``: batches each loader process builds ahead.
       Batches and their samples do not depend on this setting.
@@ -119,6 +126,7 @@ class TrainingSpec:
     sharding: Sharding = "none"
     shard_modules: Sequence[torch.nn.Module] = ()
     buddy_every: int = 1
+    shard_gather: ShardGather = "per_pass"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -247,6 +255,16 @@ def _check_sharding(spec: TrainingSpec) -> None:
         raise SpecError(
             f"TrainingSpec.buddy_every={spec.buddy_every!r} must be a whole number of steps >= 0 "
             "(0: no buddy copies)."
+        )
+    if spec.shard_gather not in SHARD_GATHERS:
+        raise SpecError(
+            f"TrainingSpec.shard_gather={spec.shard_gather!r} must be one of {SHARD_GATHERS} "
+            '("per_pass": least memory; "per_step": fewest collectives).'
+        )
+    if spec.shard_gather != "per_pass" and spec.sharding == "none":
+        raise SpecError(
+            f'TrainingSpec.shard_gather={spec.shard_gather!r} needs sharding="fsdp": set it or drop '
+            "shard_gather."
         )
     submodules = {id(module) for module in spec.model.modules()}
     for index, module in enumerate(modules):

@@ -37,6 +37,7 @@ DIGITS = str(REPO / "examples" / "digits" / "train.py")
 HELD_DIGITS = str(Path(__file__).resolve().parent / "held_digits.py")
 # The held digits trained sharded (sharding="fsdp"): start_held works with either.
 SHARDED_DIGITS = str(Path(__file__).resolve().parent / "sharded_digits.py")
+SHARDED_DIGITS_PER_STEP = f"{SHARDED_DIGITS}:build_per_step"
 # The launcher command the zygote (`zygote.py` beside this module) forks instead of executing.
 EBBFLOW_TRAIN = (sys.executable, "-m", "ebbflow_trainer")
 # What torch elastic's agent logs when it stops its workers, here to admit a waiting node.
@@ -398,8 +399,8 @@ class Job:
         every node trains in one world of them all, or once the agents of a smaller world asked their
         workers to stop at the next step boundary to admit the rest: within the leave grace (30 s)
         after which they would kill them. Without the hold, a short job could end first."""
-        held = (HELD_DIGITS, SHARDED_DIGITS)
-        assert self.script in held, "start_held needs running_job(..., script=HELD_DIGITS or SHARDED_DIGITS)"
+        held = (HELD_DIGITS, SHARDED_DIGITS, SHARDED_DIGITS_PER_STEP)
+        assert self.script in held, f"start_held needs running_job(..., script=one of {held})"
         hold = self.hold_file
         hold.touch()
         stops_before = {n.name: n.log.read_text(errors="replace").count(AGENT_STOPS_WORKERS) for n in running}

@@ -61,6 +61,10 @@ def test_a_spec_shards_the_modules_it_names() -> None:
         pytest.param(
             {"sharding": "fsdp", "buddy_every": 1.5}, "buddy_every", "whole number", id="fractional"
         ),
+        pytest.param(
+            {"sharding": "fsdp", "shard_gather": "per_unit"}, "shard_gather", "per_step", id="unknown-gather"
+        ),
+        pytest.param({"shard_gather": "per_step"}, "shard_gather", 'sharding="fsdp"', id="gather-unsharded"),
     ],
 )
 def test_invalid_sharding_settings_name_the_field_and_the_fix(

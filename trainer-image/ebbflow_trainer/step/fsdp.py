@@ -1,11 +1,11 @@
 """Sharded training (``TrainingSpec.sharding="fsdp"``): PyTorch's FSDP2 under the virtual-node step.
 
-Each parameter, its gradient and its optimizer state live in dim-0 pieces over the world
-(``fully_shard`` on each of ``spec.shard_modules`` and on the model), so a worker holds about 1/N of
-them. A step runs ``ceil(V/N)`` forward/backward passes on every worker, one per virtual node it
-owns; a worker with one virtual node fewer repeats its last batch with weight zero, so every
-reduce-scatter has its match. FSDP2 divides each reduce-scatter by N, so ``apply`` multiplies the
-accumulated pieces by N/V: the mean over virtual nodes, as in the replicated engine.
+Parameters, gradients and optimizer state live in dim-0 pieces over the world (``fully_shard`` on
+each of ``spec.shard_modules`` and on the model). A worker runs a pass per virtual node it owns:
+``shard_gather="per_pass"`` gathers and reduce-scatters every pass (``ceil(V/N)`` passes everywhere,
+a missing virtual node's pass repeated with weight zero, so every collective has its match);
+``"per_step"`` gathers in the first pass and reduce-scatters the accumulated gradient after the
+last. FSDP2 divides each reduce-scatter by N, so ``apply`` multiplies the pieces by N/V.
 
 Invariants: the step's extras (float buffers, the loss, the count of non-finite gradient values, the
 shards' squared norms, compute times, the leave flag, rank 0's requests) travel in one float64
@@ -134,9 +134,14 @@ class ShardedEngine(VirtualNodeEngine):
         model.zero_grad(set_to_none=True)
         start_buffers = [b.detach().clone() for b in self.buffers]
         self.loader.prepare(step, virtual_nodes, self.position)
+        per_step = self.spec.shard_gather == "per_step"
+        if per_step:  # no padding passes: each unit's two collectives come once per step anyway
+            passes = len(virtual_nodes)
         batch: Any = None
         try:
             for index in range(passes):
+                if per_step:
+                    self._gather_once(last_pass=index == passes - 1)
                 started = time.perf_counter()
                 real = index < len(virtual_nodes)
                 k = virtual_nodes[min(index, len(virtual_nodes) - 1)]
@@ -155,9 +160,30 @@ class ShardedEngine(VirtualNodeEngine):
                 self._simulate_device(time.perf_counter() - started)
             self._advanced_buffers = [b.detach().clone() for b in self.buffers]
         finally:
+            if per_step:
+                self._reshard_after_forward_as_built()
             with torch.no_grad():
                 for buffer, saved in zip(self.buffers, start_buffers, strict=True):
                     buffer.copy_(saved)
+
+    def _gather_once(self, *, last_pass: bool) -> None:
+        """FSDP2's gradient accumulation: the parameters stay whole from the first pass's gather to the
+        last pass's backward, the gradient accumulates whole and is reduce-scattered after the last."""
+        model = self.spec.model
+        assert isinstance(model, FSDPModule)
+        model.set_reshard_after_forward(False)
+        model.set_reshard_after_backward(last_pass)
+        model.set_requires_gradient_sync(last_pass)
+
+    def _reshard_after_forward_as_built(self) -> None:
+        """``fully_shard``'s own choice back, for evaluation and the next step: every unit reshards
+        after its forward, the root (whose backward comes first) does not."""
+        for module in self.spec.shard_modules:
+            assert isinstance(module, FSDPModule)
+            module.set_reshard_after_forward(True, recurse=False)
+        model = self.spec.model
+        assert isinstance(model, FSDPModule)
+        model.set_reshard_after_forward(False, recurse=False)
 
     def _add_buffers_and_loss_to_extras(self, extras: torch.Tensor, loss: torch.Tensor) -> None:
         offset = 0
