@@ -12,7 +12,8 @@ buddy copy after each step (``TrainingSpec.buddy_every=1``: each rank's shard se
 with its buddies, kept), with the bytes of the copies a rank keeps; and the baseline without
 elasticity, plain FSDP2 (each rank's B/N sequences in one pass, the optimizer built over the
 sharded parameters), whose step the sharded engine's is reported against, in both of its gathers
-(``shard_gather``: every pass, or once per step).
+(``shard_gather``: every pass, or once per step). And a durable checkpoint written whole (gathered)
+against one written in pieces (``launch/durable.py``), in a temporary folder.
 
 Reported per world size: MiB per worker for each part, the sharded/replicated ratio of the total,
 and the step-time ratio. A JSON copy goes to ``bench/results/sharded_memory.json``.
@@ -23,8 +24,12 @@ and the step-time ratio. A JSON copy goes to ``bench/results/sharded_memory.json
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import statistics
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +38,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from ebbflow_trainer.api import TrainingSpec
+from ebbflow_trainer.launch import state
 from ebbflow_trainer.launch.collectives import DistCollectives
+from ebbflow_trainer.launch.durable import DurableCheckpoints
+from ebbflow_trainer.launch.journal import Journal
 from ebbflow_trainer.launch.shard_copies import ShardCopies
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
 from ebbflow_trainer.step.engine import VirtualNodeEngine
@@ -145,12 +153,45 @@ def _measure(args: argparse.Namespace, sharded: bool, gather: str = "per_pass") 
             copies.exchange(number, 0.0)
             copy_seconds.append(time.perf_counter() - started)
             copies.settle()
-    engine.close()
     measured: dict[str, Any] = {"held": held, "step_seconds": statistics.median(seconds)}
+    if sharded:
+        measured["checkpoint"] = _measure_checkpoints(args, engine, config, number)
+    engine.close()
     if copy_seconds and copies is not None:
         kept = sum(len(data) for data in copies.book.copies().values())
         measured["buddy"] = {"seconds": statistics.median(copy_seconds), "kept_mib": kept / MIB}
     return measured
+
+
+def _measure_checkpoints(
+    args: argparse.Namespace, engine: VirtualNodeEngine, config: Any, step: int
+) -> dict[str, float]:
+    """A durable checkpoint on a volume both ways, the median of three: whole (every rank gathers the
+    state, rank 0 writes it) and in pieces (each rank writes its shard, rank 0 commits); seconds of
+    the slowest rank and the bytes this rank wrote."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    root = Path(args.checkpoints) / f"world-{world_size}"
+    config = dataclasses.replace(config, checkpoint_path=str(root))
+    durable = DurableCheckpoints(config, engine, rank, world_size, torch.device("cpu"), Journal(""))
+    timings: dict[str, list[float]] = {"whole": [], "pieces": []}
+    for _ in range(3):
+        for way in timings:
+            dist.barrier()
+            started = time.perf_counter()
+            if way == "whole":
+                durable.write(step, 0.0, state.capture(engine, step, 0.0))
+            else:
+                durable.write(step, 0.0)
+            dist.barrier()
+            timings[way].append(time.perf_counter() - started)
+    written = {
+        "whole": (root / state.CHECKPOINT_FILE).stat().st_size if rank == 0 else 0,
+        "pieces": sum(p.stat().st_size for p in root.glob(f"shards-*/shard-{rank}-of-{world_size}.pt")),
+    }
+    return {
+        **{f"{way}_seconds": statistics.median(values) for way, values in timings.items()},
+        **{f"{way}_written_mib": size / MIB for way, size in written.items()},
+    }
 
 
 def _measure_plain_fsdp2(args: argparse.Namespace) -> dict[str, Any]:
@@ -192,6 +233,11 @@ def _rank(args: argparse.Namespace) -> None:
         with open(args.out, "a") as out:
             print(json.dumps({"world": args.workers, "ranks": gathered}), file=out)
     dist.destroy_process_group()
+    # As the trainer's workers do (multiprocessing ends them with os._exit): after the whole state
+    # was gathered (DTensor.full_tensor), the interpreter's teardown sometimes aborts in C++
+    # ("terminate called without an active exception") once the results are written.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def _report(lines: list[dict[str, Any]]) -> dict[str, Any]:
@@ -226,6 +272,16 @@ def _report(lines: list[dict[str, Any]]) -> dict[str, Any]:
             f"   shard_gather=per_step: step {per_step:.3f} s, {row['per_step_over_plain_fsdp2']:.2f} of "
             f"plain FSDP2's (whole parameters and gradient held through the step: {whole:.2f} MiB)"
         )
+        checkpoints = [r["sharded"]["checkpoint"] for r in ranks]
+        whole_s = max(c["whole_seconds"] for c in checkpoints)
+        pieces_s = max(c["pieces_seconds"] for c in checkpoints)
+        row["checkpoint_pieces_over_whole"] = pieces_s / whole_s
+        print(
+            f"   checkpoint: whole {whole_s:.3f} s (rank 0 writes "
+            f"{max(c['whole_written_mib'] for c in checkpoints):.2f} MiB), in pieces {pieces_s:.3f} s "
+            f"({row['checkpoint_pieces_over_whole']:.2f} of it; each rank writes at most "
+            f"{max(c['pieces_written_mib'] for c in checkpoints):.2f} MiB)"
+        )
         buddies = [r["sharded"]["buddy"] for r in ranks if "buddy" in r["sharded"]]
         if buddies:
             copy_seconds = max(b["seconds"] for b in buddies)
@@ -246,6 +302,9 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--out", default="")
+    parser.add_argument(
+        "--checkpoints", default="", help="where the ranks write checkpoints (a temporary folder)"
+    )
     args = parser.parse_args()
     if args.rank is not None:
         _rank(args)
@@ -254,9 +313,18 @@ def main() -> None:
     lines_file = RESULTS.with_suffix(".jsonl")
     lines_file.unlink(missing_ok=True)
     shape = ["--width", str(args.width), "--layers", str(args.layers), "--vocab", str(args.vocab)]
-    for world in range(1, args.workers + 1):
-        arguments = [*shape, "--steps", str(args.steps), "--workers", str(world), "--out", str(lines_file)]
-        run_ranks(__file__, arguments, world)
+    with tempfile.TemporaryDirectory(prefix="ebbflow-sharded-checkpoints-") as checkpoints:
+        for world in range(1, args.workers + 1):
+            arguments = [
+                *shape,
+                "--steps",
+                str(args.steps),
+                "--workers",
+                str(world),
+                "--out",
+                str(lines_file),
+            ]
+            run_ranks(__file__, [*arguments, "--checkpoints", checkpoints], world)
     lines = [json.loads(line) for line in lines_file.read_text().splitlines()]
     report = _report(lines)
     RESULTS.write_text(json.dumps({"arguments": vars(args), **report}, indent=2))

@@ -31,6 +31,7 @@ from ebbflow_devtools.testing.trainer_cluster import (
     parameters_of,
     running_job,
 )
+from ebbflow_trainer.launch import sharded_checkpoints, state
 
 SLOW_STEPS = ["--simulated-vnode-seconds", "0.02"]
 CHECKPOINT_EVERY = 20
@@ -163,6 +164,12 @@ def test_a_killed_sharded_worker_is_rebuilt_from_its_buddy_and_a_double_loss_fro
         assert (world, source) == (1, "checkpoint") and step % CHECKPOINT_EVERY == 0, _history(nodes)
         final = job.final_checkpoint()
         assert final["step"] == job.steps
+        # Every checkpoint was written in pieces (none gathered whole), the last by the world of one.
+        assert not (job.checkpoint_dir / state.CHECKPOINT_FILE).exists()
+        assert [(m.step, m.world) for m in sharded_checkpoints.committed(job.checkpoint_dir)] == [
+            (job.steps, 1),
+            (job.steps - CHECKPOINT_EVERY, 1),
+        ]
     steps = [r for n in nodes for r in n.events("step") if r["rank"] == 0 and r["step"] <= LOSSES_CHECKED_TO]
     far = [
         (r["generation"], r["step"])
@@ -178,9 +185,9 @@ def test_a_killed_sharded_worker_is_rebuilt_from_its_buddy_and_a_double_loss_fro
 def test_a_checkpoint_moves_between_replicated_and_sharded_training(
     tmp_path: Path, calm_reference: dict[str, Any]
 ) -> None:
-    """The state's format is the same either way (whole tensors, the optimizer's by parameter index):
-    one replicated worker trains to step 80, two sharded workers resume from its checkpoint to 140,
-    one replicated worker resumes from theirs to 200, and the run ends where a calm one does."""
+    """One replicated worker trains to step 80 (a whole checkpoint), two sharded workers resume from
+    it to 140 (a checkpoint in pieces), one replicated worker joins their pieces and trains to 200,
+    and the run ends where a calm one does."""
     phases = [(HELD_DIGITS, 1, 80), (SHARDED_DIGITS, 2, 140), (HELD_DIGITS, 1, 200)]
     previous: Path | None = None
     for index, (script, workers, steps) in enumerate(phases):
@@ -197,6 +204,12 @@ def test_a_checkpoint_moves_between_replicated_and_sharded_training(
             assert start == (("checkpoint", phases[index - 1][2]) if index else ("fresh", 0)), job.logs()
             final = job.final_checkpoint()
             assert final["step"] == steps
+            newest_pieces = sharded_checkpoints.committed(job.checkpoint_dir)[:1]
+            whole = state.read(job.checkpoint_dir / state.CHECKPOINT_FILE)
+            if script == SHARDED_DIGITS:  # written in pieces by both workers
+                assert [(m.step, m.world) for m in newest_pieces] == [(steps, 2)]
+            else:
+                assert whole is not None and whole["step"] == steps
             previous = job.checkpoint_dir
     _assert_close(final, calm_reference, "replicated to 80, sharded to 140, replicated to 200")
 

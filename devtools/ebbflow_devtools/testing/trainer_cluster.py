@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import torch
 from ebbflow_api import contract
-from ebbflow_trainer.launch import state
+from ebbflow_trainer.launch import durable
 
 from ebbflow_devtools.waiting import wait_for
 
@@ -451,7 +451,8 @@ class Job:
             raise TimeoutError(f"{error}\n{self.diagnose()}") from None
 
     def final_checkpoint(self) -> dict[str, Any]:
-        found = state.read(self.checkpoint_dir / state.CHECKPOINT_FILE)
+        """The job's newest durable checkpoint, whole (joined from its pieces when sharded)."""
+        found = durable.newest_whole(self.checkpoint_dir)
         assert found is not None, f"no loadable checkpoint in {self.checkpoint_dir}"
         return found
 

@@ -195,7 +195,7 @@ def _reshard(plan: Assembly, copies: dict[Piece, bytes], world: ShardCopies) -> 
     dist.broadcast_object_list(shared, src=sources[0], device=device)
     template = shared[0]
     assert template is not None
-    lengths = _lengths(world.engine, template["sharded"])
+    lengths = lengths_of(world.engine, template["sharded"])
     outgoing = {
         (shard, member): state.to_bytes(
             rows_for(snapshot, lengths, (shard, plan.world), (member, world.world_size))
@@ -230,7 +230,7 @@ def _reshard(plan: Assembly, copies: dict[Piece, bytes], world: ShardCopies) -> 
 Lengths = tuple[dict[str, int], dict[tuple[int, str], int]]
 
 
-def _lengths(engine: ShardedEngine, sharded: dict[str, list[Any]]) -> Lengths:
+def lengths_of(engine: ShardedEngine, sharded: dict[str, list[Any]]) -> Lengths:
     """The whole dim-0 length of every sharded entry, read from this world's sharded model."""
     model = engine.spec.model.state_dict()
     flat = [param for group in engine.spec.optimizer.param_groups for param in group["params"]]

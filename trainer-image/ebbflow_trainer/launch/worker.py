@@ -37,13 +37,14 @@ from ebbflow_trainer import global_batch, metrics
 from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.batching import DynamicBatchingController
 from ebbflow_trainer.config import TrainerConfig
-from ebbflow_trainer.launch import object_checkpoints, shard_copies, state
+from ebbflow_trainer.launch import shard_copies, state
 from ebbflow_trainer.launch.collectives import (
     DistCollectives,
     resolve_backend,
     training_device,
     use_deterministic_kernels,
 )
+from ebbflow_trainer.launch.durable import DurableCheckpoints
 from ebbflow_trainer.launch.journal import Journal
 from ebbflow_trainer.launch.rendezvous import connect, generation_store
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
@@ -104,10 +105,10 @@ class Worker:
         self.total_steps = config.steps or self.spec.steps
         self.state_dir = state.local_dir(Path(config.state_dir), world.local_rank)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        # Durable checkpoints: files on a shared volume, or objects the launcher uploads (s3://).
-        self.object_store = object_checkpoints.from_config(config, os.environ)
-        on_volume = config.checkpoint_path and self.object_store is None
-        self.checkpoint = Path(config.checkpoint_path) / state.CHECKPOINT_FILE if on_volume else None
+        # Durable checkpoints: files on a shared volume (pieces, when sharded), or objects (s3://).
+        self.durable = DurableCheckpoints(
+            config, self.engine, world.rank, world.size, self.comm_device, self.journal
+        )
         self.step = 0
         self.last_step_wall_time = time.time()
         self.last_pause: float | None = None  # of this process's last membership change
@@ -145,13 +146,13 @@ class Worker:
         local, copies = shard_copies.read_handoff(self.state_dir / state.HANDOFF_FILE)
         source = "memory"
         steps, best, holder = self._highest(local)
-        durable = self.checkpoint is not None or self.object_store is not None
+        durable = self.durable.configured
         rebuilt = self.copies.rebuild(copies, best - 1, durable) if self.copies else None
         if rebuilt is not None:
             local, source = rebuilt, "shards"
             steps, best, holder = self._highest(local)
         if best == 0 and durable:
-            local, source = self._read_durable(), "checkpoint"
+            local, source = self.durable.read(), "checkpoint"
             steps, best, holder = self._highest(local)
         mine = int(steps[self.world.rank])
         resumed = local if local is not None and mine == best else None
@@ -191,15 +192,6 @@ class Worker:
             source,
             f", {lost} step(s) lost" if self.world.rank == 0 else "",
         )
-
-    def _read_durable(self) -> dict[str, Any] | None:
-        """The newest durable checkpoint: every worker reads the shared volume; from an object store
-        rank 0 downloads it and the others receive it from rank 0 (agree_on_state's broadcast)."""
-        if self.checkpoint is not None:
-            return state.read_checkpoint(self.checkpoint)
-        if self.object_store is not None and self.world.rank == 0:
-            return self.object_store.newest()
-        return None
 
     @property
     def _last_step_key(self) -> str:
@@ -262,8 +254,8 @@ class Worker:
             if self.engine.nonfinite_streak >= config.max_nonfinite_steps:
                 return self.stop_diverged()
             interval = config.checkpoint_interval_steps
-            if interval and self.step % interval == 0:
-                self.write_checkpoint()
+            if interval and self.step % interval == 0 and not self._checkpoint():
+                return EXIT_REFORM
             if result.leave_requested:
                 return self.stop_for_new_world()
             if not self._copy_to_buddies():
@@ -275,8 +267,8 @@ class Worker:
                         "rebalance", step=self.step, counts=proposal, seconds=result.compute_seconds
                     )
                     counts = proposal
-        if not (interval and self.step % interval == 0):  # else written at this step already
-            self.write_checkpoint()
+        if not (interval and self.step % interval == 0) and not self._checkpoint():  # else written already
+            return EXIT_REFORM
         whole = world.rank == 0 or self.engine.collective_state  # a sharded model is gathered by all
         digest = state.state_digest(self.engine.model_state()) if whole else ""
         if world.rank == 0:
@@ -442,16 +434,18 @@ class Worker:
         """Someone asked to leave (or the agent must admit a newcomer): stop at this step boundary. A
         sharded world keeps its shards in the stayers' memory, a leaver's with its heir."""
         handoff = None
-        if self.copies is not None:
-            try:
+        try:
+            if self.copies is not None:
                 leaving = self.leave.requested and (self.state_dir / state.LEAVING_MARKER).exists()
                 handoff = self.copies.hand_over_at_stop(self.step, self.last_step_wall_time, leaving)
-            except ReductionFailed as error:
-                self.hand_over_after_failure(error)
-                return EXIT_REFORM
-        if handoff is None:  # replicated, or every member of a sharded world leaves: the state whole
-            self.write_checkpoint(self.hand_over())
-        elif handoff:  # no checkpoint: the stayers hold every shard, and gathering costs a replica each
+            if handoff is None and self.durable.sharded:  # every member of a sharded world leaves
+                self.write_checkpoint()
+            elif handoff is None:  # replicated, or sharded into an object store: the state whole
+                self.write_checkpoint(self.hand_over())
+        except ReductionFailed as error:
+            self.hand_over_after_failure(error)
+            return EXIT_REFORM
+        if handoff:  # no checkpoint: the stayers hold every shard, and gathering costs a replica each
             state.write_atomic(state.to_bytes(handoff), self.state_dir / state.HANDOFF_FILE)
         if self.world.rank == 0:
             self._report_last_step(force=True)
@@ -508,23 +502,19 @@ class Worker:
             error,
         )
 
+    def _checkpoint(self) -> bool:
+        """The durable checkpoint of this step; False when a peer was lost while a sharded one was
+        written (this worker's state is handed over for the next world)."""
+        try:
+            self.write_checkpoint()
+        except ReductionFailed as error:
+            self.hand_over_after_failure(error)
+            return False
+        return True
+
     def write_checkpoint(self, captured: dict[str, Any] | None = None) -> None:
-        """Rank 0's durable checkpoint (of ``captured``, else of the state now): written to the shared
-        volume, or left in the node's outbox for the launcher to upload while training goes on
-        (object_checkpoints.Uploader). Every worker calls it: a sharded state is gathered from all."""
-        if self.checkpoint is None and self.object_store is None:
-            return
-        if self.world.rank != 0 and not self.engine.collective_state:
-            return
-        if captured is None:
-            captured = state.capture(self.engine, self.step, self.last_step_wall_time)
-        if self.world.rank != 0:
-            return
-        if self.checkpoint is not None:
-            state.write_checkpoint(state.to_bytes(captured), self.checkpoint)
-        else:
-            object_checkpoints.leave_snapshot(Path(self.config.state_dir), captured, self.step)
-        self.journal.write("checkpoint", step=self.step)
+        """The durable checkpoint of ``captured``, else of the state now (every worker calls it)."""
+        self.durable.write(self.step, self.last_step_wall_time, captured)
 
 
 def run_worker(config_json: str, generation: int) -> int:
