@@ -116,7 +116,7 @@ def test_a_damaged_shard_is_refused_and_the_previous_checkpoint_taken(tmp_path: 
     damaged = sharded_checkpoints.shard_file(tmp_path, 30, 1, 2)
     damaged.write_bytes(damage(damaged.read_bytes()))
     newest = sharded_checkpoints.committed(tmp_path)[0]
-    with pytest.raises(state.StateFileError, match="does not match its manifest|checksum mismatch"):
+    with pytest.raises(state.StateFileError, match=r"does not match its manifest|checksum mismatch"):
         newest.load(1)
     resumed = durable.newest_whole(tmp_path)
     assert resumed is not None and resumed["step"] == 20
