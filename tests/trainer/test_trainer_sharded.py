@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from ebbflow_api import contract
 from ebbflow_devtools.testing.trainer_cluster import (
@@ -28,6 +29,7 @@ from ebbflow_devtools.testing.trainer_cluster import (
     SHARDED_DIGITS_PER_STEP,
     Job,
     Node,
+    needs_cuda,
     parameters_of,
     running_job,
 )
@@ -229,3 +231,46 @@ def test_a_sharded_job_in_deterministic_mode_fails_fast_naming_the_fix(tmp_path:
     assert result.returncode == contract.EXIT_INVALID_CONFIG, result.stderr
     assert 'TrainingSpec.sharding="fsdp"' in result.stderr and "--mode=fast" in result.stderr, result.stderr
     assert "--mode=fast" in message.read_text()
+
+
+def _one_worker_sharded(root: Path, backend: str) -> Any:
+    root.mkdir()
+    interval = {contract.ENV_CHECKPOINT_INTERVAL_STEPS: str(CHECKPOINT_EVERY)}
+    extra = [*SLOW_STEPS, "--backend", backend]
+    return running_job(
+        root,
+        min_replicas=1,
+        max_replicas=1,
+        mode="fast",
+        script=SHARDED_DIGITS,
+        extra_args=extra,
+        env=interval,
+    )
+
+
+@pytest.mark.parametrize("backend", [pytest.param("nccl", marks=[pytest.mark.gpu, needs_cuda])])
+def test_a_sharded_job_on_one_gpu_stops_into_pieces_and_resumes_from_them(
+    tmp_path: Path, backend: str
+) -> None:
+    """One worker on cuda:0 (one GPU holds one nccl rank): FSDP2's mesh, reduce-scatters and pieces on
+    the GPU. SIGTERMed after step 40, it writes its pieces (every member left, so nobody keeps them in
+    memory); a new launcher resumes from them on the GPU. The run ends within fast mode's tolerance of
+    a calm run on the same GPU."""
+    with _one_worker_sharded(tmp_path / "calm", backend) as calm_job:
+        calm = calm_job.start_node()
+        assert calm_job.wait_all([calm], 300) == [0], calm_job.logs()
+        reference = calm_job.final_checkpoint()
+    with _one_worker_sharded(tmp_path / "stopped", backend) as job:
+        first = job.start_node()
+        job.wait_for_world(first, 1, min_step=CHECKPOINT_EVERY * 2 + 1)
+        first.terminate()
+        assert first.process.wait(timeout=60) == contract.EXIT_SUCCESS, job.logs()
+        left = first.events("left")[-1]["step"]
+        assert [m.step for m in sharded_checkpoints.committed(job.checkpoint_dir)][:1] == [left], job.logs()
+        second = job.start_node()
+        assert job.wait_all([second], 300) == [0], job.logs()
+        starts = {(g["source"], g["step"]) for g in second.events("generation")}
+        assert starts == {("checkpoint", left)}, job.logs()
+        final = job.final_checkpoint()
+    assert final["step"] == reference["step"] == job.steps
+    _assert_close(final, reference, f"stopped at {left}, resumed from its pieces")
