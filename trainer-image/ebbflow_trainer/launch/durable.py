@@ -100,10 +100,8 @@ class DurableCheckpoints:
         rank 0 (the worker's state agreement)."""
         if self.root is None:
             return self.object_store.newest() if self.object_store is not None and self.rank == 0 else None
-        whole = state.read_checkpoint(self.root / state.CHECKPOINT_FILE)
-        for manifest in sharded_checkpoints.committed(self.root):
-            if whole is not None and int(whole["step"]) >= manifest.step:
-                break
+        whole, newer = _candidates(self.root)
+        for manifest in newer:
             loaded = self._load(manifest)
             if self._everyone(loaded is not None):
                 return loaded
@@ -128,13 +126,19 @@ class DurableCheckpoints:
         return bool(flag.item())
 
 
+def _candidates(root: Path) -> tuple[dict[str, Any] | None, list[sharded_checkpoints.Manifest]]:
+    """The whole checkpoint under ``root`` (or None), and the committed sharded ones newer than it,
+    newest first: a job that moved between replicated and sharded training has both kinds."""
+    whole = state.read_checkpoint(root / state.CHECKPOINT_FILE)
+    committed = sharded_checkpoints.committed(root)
+    return whole, [m for m in committed if whole is None or m.step > int(whole["step"])]
+
+
 def newest_whole(root: Path) -> dict[str, Any] | None:
     """The newest durable checkpoint under ``root``, whole, whichever kind wrote it (for tools and tests
     reading a job's result)."""
-    whole = state.read_checkpoint(root / state.CHECKPOINT_FILE)
-    for manifest in sharded_checkpoints.committed(root):
-        if whole is not None and int(whole["step"]) >= manifest.step:
-            break
+    whole, newer = _candidates(root)
+    for manifest in newer:
         try:
             return sharded_checkpoints.whole(manifest)
         except (OSError, state.StateFileError) as error:
