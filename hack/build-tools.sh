@@ -46,7 +46,14 @@ TRAINING_OPERATOR_VERSION=$(awk '$1 == "require" && $2 == "github.com/kubeflow/t
 # SeaweedFS's S3 gateway (`weed`) for the object-store checkpoints' tests: not in the default set.
 SEAWEEDFS_VERSION=$(module_version "$ROOT/hack/tools/seaweedfs/go.mod" github.com/seaweedfs/seaweedfs)
 
-export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+# Every Go build here compiles without DWARF: the links strip it (-s -w) anyway, and the compiler spent
+# about an eighth of its time generating it (docs/ci.md, "Cheaper tool builds"). GOFLAGS carries it, so
+# the Kubernetes graph's commands and the fake GPU plugin (hack/fake-gpu-plugin) keep sharing packages.
+export CGO_ENABLED=0 GOFLAGS="-buildvcs=false -gcflags=all=-dwarf=false"
+# The tools whose speed no test depends on (the kind nodes' add-ons, Prometheus and its operator, Kueue,
+# SeaweedFS, kind's CLI) are also compiled without optimisation or inlining (-N -l): about a fifth less
+# compile time. The Kubernetes graph and etcd, which every tier's API server runs on, stay optimised.
+UNOPTIMISED=(-gcflags "all=-dwarf=false -N -l")
 mkdir -p "$TOOLS_BIN" "$TOOLS_CACHE"
 
 # cached NAME VERSION: true when the tool is already built for this version.
@@ -121,7 +128,7 @@ build_module() {
   if ! cached "$name" "$version"; then
     echo "building $name $version"
     mkdir -p "$dir"
-    GOBIN=$dir go install -trimpath -ldflags "-s -w" "$pkg@$version"
+    GOBIN=$dir go install -trimpath "${UNOPTIMISED[@]}" -ldflags "-s -w" "$pkg@$version"
   fi
   install_from_cache "$name" "$version"
 }
@@ -140,7 +147,7 @@ build_coredns() {
   if ! cached coredns "$version"; then
     echo "building coredns $COREDNS_VERSION"
     mkdir -p "$dir"
-    (cd "$module" && go build -trimpath -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
+    (cd "$module" && go build -trimpath "${UNOPTIMISED[@]}" -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
       -o "$dir/coredns.tmp" .)
     mv -f "$dir/coredns.tmp" "$dir/coredns"
   fi
@@ -158,7 +165,7 @@ build_flannel() {
     src=$(cd "$work" && go mod download -json "github.com/flannel-io/flannel@$FLANNEL_VERSION" |
       awk -F'"' '$2 == "Dir" {print $4}')
     sed -e '/flannel\/pkg\/backend\/tencentvpc"/d' -e '/flannel\/pkg\/backend\/udp"/d' "$src/main.go" >"$work/main.go"
-    (cd "$work" && go build -trimpath \
+    (cd "$work" && go build -trimpath "${UNOPTIMISED[@]}" \
       -ldflags "-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$FLANNEL_VERSION" -o "$dir/flannel.tmp" .)
     rm -rf "$work"
     mv -f "$dir/flannel.tmp" "$dir/flannel"
@@ -174,7 +181,7 @@ build_cni_plugins() {
     echo "building cni-plugins $CNI_PLUGINS_VERSION"
     mkdir -p "$dir"
     for p in "${plugins[@]}"; do pkgs+=("$m/$p@$CNI_PLUGINS_VERSION"); done
-    GOBIN=$dir go install -trimpath -ldflags "-s -w" "${pkgs[@]}"
+    GOBIN=$dir go install -trimpath "${UNOPTIMISED[@]}" -ldflags "-s -w" "${pkgs[@]}"
   fi
   mkdir -p "$TOOLS_BIN/cni"
   for p in "${plugins[@]}"; do cp -f "$dir/${p#*/}" "$TOOLS_BIN/cni/"; done
@@ -203,7 +210,7 @@ build_prometheus() {
       xargs -0 sed -i 's#go\.yaml\.in/yaml/v4#github.com/pb33f/go-yaml#g'
     ldflags="-s -w -X $pkg.Version=$v -X $pkg.Revision=$PROMETHEUS_VERSION -X $pkg.Branch=HEAD"
     ldflags+=" -X $pkg.BuildUser=ebbflow -X $pkg.BuildDate=19700101-00:00:00"
-    (cd "$work" && go build -trimpath -tags remove_all_sd,enable_kubernetes_sd -ldflags "$ldflags" \
+    (cd "$work" && go build -trimpath "${UNOPTIMISED[@]}" -tags remove_all_sd,enable_kubernetes_sd -ldflags "$ldflags" \
       -o "$work/bin/" "$m/prometheus" "$m/promtool")
     mv -f "$work/bin/promtool" "$dir/promtool"
     mv -f "$work/bin/prometheus" "$dir/prometheus"
@@ -222,7 +229,7 @@ build_kube_router() {
     mkdir -p "$dir"
     local pkg=github.com/cloudnativelabs/kube-router/v2/pkg/version
     (cd "$ROOT/hack/kube-router/tools" &&
-      go build -trimpath -ldflags "-s -w -X $pkg.Version=$KUBE_ROUTER_VERSION -X $pkg.BuildDate=1970-01-01T00:00:00Z" \
+      go build -trimpath "${UNOPTIMISED[@]}" -ldflags "-s -w -X $pkg.Version=$KUBE_ROUTER_VERSION -X $pkg.BuildDate=1970-01-01T00:00:00Z" \
         -o "$dir/kube-router.tmp" github.com/cloudnativelabs/kube-router/v2/cmd/kube-router)
     mv -f "$dir/kube-router.tmp" "$dir/kube-router"
   fi
@@ -241,8 +248,8 @@ build_prometheus_operator() {
     local pkg=github.com/prometheus/common/version
     local ldflags="-s -w -X $pkg.Version=${PROMETHEUS_OPERATOR_VERSION#v} -X $pkg.Revision=release -X $pkg.Branch=release"
     (cd "$ROOT/hack/prometheus-operator/tools" &&
-      go build -trimpath -ldflags "$ldflags" -o "$dir/prometheus-config-reloader" "$module/cmd/prometheus-config-reloader" &&
-      go build -trimpath -ldflags "$ldflags" -o "$dir/prometheus-operator.tmp" "$module/cmd/operator")
+      go build -trimpath "${UNOPTIMISED[@]}" -ldflags "$ldflags" -o "$dir/prometheus-config-reloader" "$module/cmd/prometheus-config-reloader" &&
+      go build -trimpath "${UNOPTIMISED[@]}" -ldflags "$ldflags" -o "$dir/prometheus-operator.tmp" "$module/cmd/operator")
     source=$(cd "$ROOT/hack/prometheus-operator/tools" && go mod download -json "$module" | awk -F'"' '$2 == "Dir" {print $4}')
     install -m 0644 "$source"/example/prometheus-operator-crd/*.yaml "$dir/crds/"
     mv -f "$dir/prometheus-operator.tmp" "$dir/prometheus-operator"
@@ -284,7 +291,7 @@ build_kueue() {
         -e 's|metricsCertPath := "/etc/kueue/metrics/certs"|metricsCertPath := func() string { if dir := os.Getenv("KUEUE_METRICS_CERT_DIR"); dir != "" { return dir }; return "/etc/kueue/metrics/certs" }()|' \
         "$src/cmd/kueue/main.go" >"$work/main.go"
       grep -q KUEUE_METRICS_CERT_DIR "$work/main.go" # the line changed upstream: update the sed
-      (cd "$work" && go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version" \
+      (cd "$work" && go build -trimpath "${UNOPTIMISED[@]}" -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version" \
         -o "$dir/kueue.tmp" .)
       mv -f "$dir/kueue.tmp" "$dir/kueue"
     fi
@@ -307,7 +314,7 @@ build_seaweedfs() {
     mkdir -p "$dir"
     src=$(cd "$ROOT/hack/tools/seaweedfs" && go mod download -json "github.com/seaweedfs/seaweedfs@$SEAWEEDFS_VERSION" |
       awk -F'"' '$2 == "Dir" {print $4}')
-    (cd "$src" && GOFLAGS="$GOFLAGS -mod=mod" go build -trimpath -ldflags "-s -w" -o "$dir/weed.tmp" ./weed)
+    (cd "$src" && GOFLAGS="$GOFLAGS -mod=mod" go build -trimpath "${UNOPTIMISED[@]}" -ldflags "-s -w" -o "$dir/weed.tmp" ./weed)
     mv -f "$dir/weed.tmp" "$dir/weed"
   fi
   install_from_cache weed "$SEAWEEDFS_VERSION"
@@ -357,7 +364,7 @@ build_in_order() {
 }
 
 # Two lanes when both have work, of about equal cold build time (docs/ci.md, "A fresh machine"): the
-# Kubernetes graph's commands (which share most packages, so one after the other), then kube-router;
+# Kubernetes graph's commands (which share most packages, so one after the other), then SeaweedFS;
 # everything else beside them. A `go build` keeps up to two cores busy,
 # but its links and long dependency chains are serial, so two lanes fill the cores where one leaves
 # gaps; a warm machine copies the tools in seconds either way. The second lane's output comes after
@@ -366,7 +373,7 @@ if (($#)); then want=("$@"); else want=(kubernetes etcd kwok helm kind prometheu
 first_lane=() second_lane=()
 for tool in "${want[@]}"; do
   case $tool in
-    kubernetes | kubernetes-node | helm | kwok | crictl | local-path-provisioner | kube-router | seaweedfs) first_lane+=("$tool") ;;
+    kubernetes | kubernetes-node | helm | kwok | crictl | local-path-provisioner | seaweedfs) first_lane+=("$tool") ;;
     *) second_lane+=("$tool") ;;
   esac
 done

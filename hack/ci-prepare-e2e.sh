@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # CI only (hack/ci-test.sh): builds everything the e2e tier needs before any kind cluster exists,
-# frees Go's build and module caches (the wheelhouse too when the disk is short), then sets the e2e
+# frees Go's build and module caches and the wheelhouse when the disk is short, then sets the e2e
 # cluster up.
 #
 #   ci-prepare-e2e.sh build    the kind node, device plugin, Prometheus (and its operator) and kube-router images, and the CPU
 #                              trainer image when the disk has room for it now
-#   ci-prepare-e2e.sh finish   Go's caches removed (the unit tier's `go test` keeps caches of its
-#                              own), the trainer image (if `build` left it), the wheelhouse removed
-#                              when the disk is short
+#   ci-prepare-e2e.sh finish   Go's caches removed when the disk is short (the unit tier's `go test`
+#                              keeps caches of its own), the trainer image (if `build` left it), the
+#                              wheelhouse removed when the disk is short
 #   ci-prepare-e2e.sh cluster  after `finish`: the e2e tier's kind cluster from this commit (one left
 #                              on the machine is removed first), set up as the e2e fixture does it
 #                              (kube-router, the images in the nodes, device plugin, chart, Prometheus)
@@ -15,7 +15,7 @@
 #
 # Why: a CI machine's free disk varies (seen from under 50 GB to 80 GB). Built first, with Go's
 # caches (about 14 GB after the Kubernetes, etcd, Prometheus and device-plugin builds) removed
-# before the cluster starts, the peak is bounded by what is on disk at once, not by the cluster (one
+# before the cluster starts when the disk is short, the peak is bounded by what is on disk at once, not by the cluster (one
 # run failed with "no space left on device" when the trainer image, then 4.6 GB, was unpacked into
 # the third worker beside Go's caches). Every step is cached, so the fixture's own calls afterwards
 # take seconds and build nothing; nothing after `finish` runs `go` or installs from the wheelhouse.
@@ -27,6 +27,9 @@ cd "$ROOT"
 # Free disk (GB) under which `build` leaves the trainer image to `finish`: its build needs about 10 GB
 # transient (the wheels, the build stage) plus the 1.4 GB image, beside Go's caches.
 TRAINER_BUILD_NEEDS_GB=${TRAINER_BUILD_NEEDS_GB:-25}
+# Free disk (GB) under which `finish` removes Go's build and module caches (about 14 GB): above it they
+# stay, and their removal (about a minute of disk work beside the test tiers) is not done.
+GO_CACHES_KEEP_GB=${GO_CACHES_KEEP_GB:-35}
 # Free disk (GB) under which `finish` removes the wheelhouse: the e2e cluster then needs about 10 GB
 # (three workers holding the 1.4 GB trainer image, their own writes) and the tiers a few more.
 WHEELHOUSE_KEEP_GB=${WHEELHOUSE_KEEP_GB:-20}
@@ -71,11 +74,13 @@ build() {
 }
 
 finish() {
-  say "removing Go's build and module caches"
-  # Best effort: disk is what this buys, and hack/kind/load-image.sh frees more when short. A go command
-  # still using the caches (another checkout's tests on the same machine) makes the removal fail in
-  # part; that must not fail the run.
-  go clean -cache -modcache || say "could not remove all of Go's caches (a go command still uses them); going on"
+  if (($(free_gb) < GO_CACHES_KEEP_GB)); then
+    say "removing Go's build and module caches ($(free_gb) GB free)"
+    # Best effort: disk is what this buys, and hack/kind/load-image.sh frees more when short. A go
+    # command still using the caches (another checkout's tests on the same machine) makes the removal
+    # fail in part; that must not fail the run.
+    go clean -cache -modcache || say "could not remove all of Go's caches (a go command still uses them); going on"
+  fi
   say "operator and CPU trainer images (cached when already built)"
   trainer_images
   # The wheelhouse (3 GB) stays for the next run's image builds (a change to api/, operator/ or

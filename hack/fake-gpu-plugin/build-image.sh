@@ -31,7 +31,7 @@ source_hash() {
 build_binary() {
   local dest=$1 tmp
   tmp=$(mktemp "$dest.XXXXXX")
-  (cd "$HERE" && CGO_ENABLED=0 GOOS=linux GOFLAGS=-buildvcs=false \
+  (cd "$HERE" && CGO_ENABLED=0 GOOS=linux GOFLAGS="-buildvcs=false -gcflags=all=-dwarf=false" \
     nice -n 10 "$GO" build -p "${BUILD_JOBS:-1}" -trimpath -tags selinux,notest -ldflags='-s -w' -o "$tmp" .)
   mv -f "$tmp" "$dest"
 }
