@@ -133,8 +133,9 @@ def test_a_worker_joins_at_a_step_boundary_and_one_leaves_by_sigterm_without_los
     tmp_path: Path, calm_reference: dict[str, Any]
 ) -> None:
     """Two workers train; a third joins, receives the state from a peer and the world grows at the
-    step boundary where the old one stopped; then a member of the three leaves by SIGTERM at a step
-    boundary, writing a checkpoint there, and the other two go on from memory at that very step."""
+    step boundary where the old one stopped, in the running workers' processes; then a member of the
+    three leaves by SIGTERM at a step boundary, writing a checkpoint there, and the other two go on
+    from memory at that very step."""
     with running_job(
         tmp_path, min_replicas=2, max_replicas=3, extra_args=SLOW_STEPS, script=HELD_DIGITS
     ) as job:
@@ -157,6 +158,9 @@ def test_a_worker_joins_at_a_step_boundary_and_one_leaves_by_sigterm_without_los
             g["source"] for n in first for g in _generations(n) if g["generation"] == joined["generation"]
         ]
         assert members == ["memory", "memory"]
+        # The running workers took the newcomer in their own processes, not restarted ones.
+        processes = [{g["pid"] for g in _generations(n) if g["world"] in (2, 3)} for n in first]
+        assert all(len(pids) == 1 for pids in processes), processes
 
         leaver = next(n for n in nodes if n.last_step()["world"] == 3 and n.last_step()["rank"] == 1)
         leaver.terminate()

@@ -28,6 +28,7 @@ import pytest
 import torch
 from ebbflow_api import contract
 from ebbflow_trainer.launch import durable
+from ebbflow_trainer.launch.world_switch import ENTERS_IN_PLACE_LOG
 
 from ebbflow_devtools.waiting import wait_for
 
@@ -40,10 +41,16 @@ SHARDED_DIGITS = str(Path(__file__).resolve().parent / "sharded_digits.py")
 SHARDED_DIGITS_PER_STEP = f"{SHARDED_DIGITS}:build_per_step"
 # The launcher command the zygote (`zygote.py` beside this module) forks instead of executing.
 EBBFLOW_TRAIN = (sys.executable, "-m", "ebbflow_trainer")
-# What torch elastic's agent logs when it stops its workers, here to admit a waiting node.
-AGENT_STOPS_WORKERS = "via signal SIGTERM"
+# What torch elastic's agent logs when it stops its workers, here to admit a waiting node, and what
+# ours logs when its running workers admit it in place instead.
+AGENT_ADMITS = ("via signal SIGTERM", ENTERS_IN_PLACE_LOG)
 # The GPU tier's tests carry `@pytest.mark.gpu` and this: they skip on a machine without CUDA.
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _admissions(log: str) -> int:
+    """How often a launcher's agent admitted a waiting node (stopped its workers, or switched them)."""
+    return sum(log.count(line) for line in AGENT_ADMITS)
 
 
 def descendants(pid: int) -> list[int]:
@@ -403,14 +410,12 @@ class Job:
         assert self.script in held, f"start_held needs running_job(..., script=one of {held})"
         hold = self.hold_file
         hold.touch()
-        stops_before = {n.name: n.log.read_text(errors="replace").count(AGENT_STOPS_WORKERS) for n in running}
+        stops_before = {n.name: _admissions(n.log.read_text(errors="replace")) for n in running}
         new = [self.start_node() for _ in range(count)]
         everyone = [*running, *new]
 
         def stops(node: Node) -> int:
-            return node.log.read_text(errors="replace").count(AGENT_STOPS_WORKERS) - stops_before.get(
-                node.name, 0
-            )
+            return _admissions(node.log.read_text(errors="replace")) - stops_before.get(node.name, 0)
 
         def admitted() -> bool:
             if all(any(g["world"] == len(everyone) for g in n.events("generation")) for n in everyone):

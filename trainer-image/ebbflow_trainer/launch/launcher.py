@@ -1,13 +1,13 @@
-"""``ebbflow-train run`` and ``ebbflow-train torchrun``: one torch elastic agent per worker pod,
-``--nproc-per-node`` training processes under it (one per GPU), all members of the same elastic world.
-``run`` runs the engine's worker (:mod:`.worker`), ``torchrun`` the user's script (:mod:`.script`).
+"""``ebbflow-train run`` and ``torchrun``: one torch elastic agent per worker pod, ``--nproc-per-node``
+processes under it (one per GPU) running the engine's worker (:mod:`.worker`) or the user's script.
 
 The agent joins the job's c10d rendezvous (served by the rendezvous pod) and restarts its workers
-when the world changes. SIGTERM (pod deletion) reaches the workers, which finish their step, hand
-their state over and exit 0; workers still running when the leave grace runs out are killed, and the
-launcher exits ``contract.EXIT_LEAVE_TIMED_OUT`` saying why. A lost store is waited for (see
-:mod:`.rendezvous`); if none answers within ``--store-loss-timeout`` the workers stop at a step
-boundary (rank 0 checkpoints) and the launcher exits ``EXIT_STORE_LOST``.
+when the world changes (``run``'s take a newcomer in place, :mod:`.agent`). SIGTERM (pod deletion)
+reaches the workers, which finish their step, hand their state over and exit 0; workers still
+running when the leave grace runs out are killed, and the launcher exits
+``contract.EXIT_LEAVE_TIMED_OUT`` saying why. A lost store is waited for (see :mod:`.rendezvous`);
+if none answers within ``--store-loss-timeout`` the workers stop at a step boundary (rank 0
+checkpoints) and the launcher exits ``EXIT_STORE_LOST``.
 
 Invariants: the rendezvous is never closed while the job trains, so a pod that leaves does not end
 the job for the others (pytorch/pytorch#67742); once the world has trained to the last step its
@@ -31,7 +31,11 @@ from ebbflow_trainer.launch import warm_forkserver
 from ebbflow_trainer.termination import write_termination_message
 
 if TYPE_CHECKING:
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+
+    from ebbflow_trainer.launch.agent import EbbflowAgent
     from ebbflow_trainer.launch.object_checkpoints import Uploader
+    from ebbflow_trainer.launch.rendezvous import GenerationRendezvousHandler
 
 # Seconds of the pod's grace period the launcher keeps for itself after its workers' shutdown.
 LAUNCHER_MARGIN_S = 5
@@ -101,13 +105,13 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
     """Run the elastic agent until training finishes, this pod leaves, or restarts run out; each
     world's workers run the engine (``torchrun`` False) or the torchrun script ``config.spec``."""
     from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.rendezvous import RendezvousClosedError
 
-    from ebbflow_trainer.launch.agent import EbbflowAgent, FatalWorkerExit, shutdown_option
+    from ebbflow_trainer.launch.agent import FatalWorkerExit
     from ebbflow_trainer.launch.rendezvous import GenerationRendezvousHandler, StoreLost
     from ebbflow_trainer.launch.script import run_script
-    from ebbflow_trainer.launch.worker import run_worker
+    from ebbflow_trainer.launch.worker_process import run_worker
 
     _prepare_process(config, preload_script=not torchrun)
     markers = Markers(Path(config.state_dir), config.nproc_per_node)
@@ -124,10 +128,13 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
         monitor_interval=config.monitor_interval,
     )
 
+    agent = _new_agent(config, spec, markers, handler, torchrun)
+
     def start_generation(generation: int) -> None:
         """The agent reads ``spec.args`` when it starts a world's workers, right after the round."""
         spec.args = (config.to_json(), generation)
-        markers.clear()
+        if not agent.joining_in_place:  # running workers keep their markers
+            markers.clear()
 
     handler.on_generation = start_generation
 
@@ -136,15 +143,6 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
         start): a pod deleted during the first rendezvous leaves it (`handler.leave`), not just exits."""
         raise SignalException(f"process {os.getpid()} got signal {signum}", sigval=signal.Signals(signum))
 
-    agent = EbbflowAgent(
-        spec,
-        logs_specs=DefaultLogsSpecs(),
-        start_method="forkserver",
-        exit_barrier_timeout=config.collective_timeout,
-        # The worker gets the pod's grace period, less a margin for the agent to exit.
-        **shutdown_option(EbbflowAgent, max(1, config.leave_grace_seconds - LAUNCHER_MARGIN_S)),
-    )
-    agent.on_pod_leaving = markers.mark_leaving
     signal.signal(signal.SIGTERM, leave_when_asked)
     try:
         result = agent.run()
@@ -177,6 +175,34 @@ def run(config: TrainerConfig, torchrun: bool = False) -> int:
     # None: torch's agent swallowed a graceful exit from a closed rendezvous (a node that waited as a
     # spare in a full world): the job is done.
     return contract.EXIT_SUCCESS if result is None or result.state == WorkerState.SUCCEEDED else 1
+
+
+def _new_agent(
+    config: TrainerConfig,
+    spec: WorkerSpec,
+    markers: Markers,
+    handler: GenerationRendezvousHandler,
+    torchrun: bool,
+) -> EbbflowAgent:
+    """The pod's agent: the workers get the pod's grace period less a margin for it to exit; the
+    engine's running workers take a newcomer in place (a script's restart)."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    from ebbflow_trainer.launch.agent import EbbflowAgent, InPlaceJoins, shutdown_option
+    from ebbflow_trainer.launch.state import local_dir
+
+    agent = EbbflowAgent(
+        spec,
+        logs_specs=DefaultLogsSpecs(),
+        start_method="forkserver",
+        exit_barrier_timeout=config.collective_timeout,
+        **shutdown_option(EbbflowAgent, max(1, config.leave_grace_seconds - LAUNCHER_MARGIN_S)),
+    )
+    agent.on_pod_leaving = markers.mark_leaving
+    if not torchrun:
+        state_dirs = [local_dir(Path(config.state_dir), rank) for rank in range(config.nproc_per_node)]
+        agent.in_place = InPlaceJoins(handler, state_dirs, ready_timeout=config.collective_timeout)
+    return agent
 
 
 def _start_uploader(config: TrainerConfig) -> Uploader | None:

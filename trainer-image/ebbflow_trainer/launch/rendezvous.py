@@ -52,7 +52,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from ebbflow_trainer.config import ConfigError, TrainerConfig
-from ebbflow_trainer.launch import declarations, liveness, membership
+from ebbflow_trainer.launch import declarations, liveness, membership, world_switch
 from ebbflow_trainer.launch.journal import Journal
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ def connect(config: TrainerConfig, timeout: float, connect_timeout: float | None
 def generation_store(config: TrainerConfig, generation: int) -> Store:
     """The store one world's workers bootstrap their process group from (never reused by a later world)."""
     base = connect(config, config.store_timeout)
-    return PrefixStore(f"ebbflow/{config.rdzv_id}/generation/{generation}", base)
+    return PrefixStore(world_switch.generation_prefix(config.rdzv_id, generation), base)
 
 
 class GenerationRendezvousHandler(RendezvousHandler):
@@ -202,6 +202,8 @@ class GenerationRendezvousHandler(RendezvousHandler):
         self._round_delegate: DynamicRendezvousHandler | None = None  # the handler of the last round
         self._store: TCPStore | None = None
         self._delegate: DynamicRendezvousHandler | None = None
+        # Whether the agent's last poll saw nodes waiting to join and no member of this world lost.
+        self.newcomers_waiting = False
         # When the store was found gone (None while it answers); a pod may also start before its store.
         self._lost_since: float | None = time.monotonic()
         self._probe_error: OSError | None = None  # why the last probe found no store
@@ -420,13 +422,25 @@ class GenerationRendezvousHandler(RendezvousHandler):
                 self._store_lost(error)
             else:
                 broken = self._dropped_from_the_world() or self._member_gone()
+                self.newcomers_waiting = waiting > 0 and not broken
                 return max(waiting, 1) if broken else waiting
+        self.newcomers_waiting = False
         if self._reconnect():
             return 1
         too_long = self._lost_for_too_long()
         if too_long is not None:
             raise too_long
         return 0
+
+    @property
+    def generation(self) -> int:
+        """The generation of the last round this node joined."""
+        return self._last_generation
+
+    def count_ready(self, generation: int, workers: int) -> int:
+        """Add ``workers`` to ``generation``'s count of workers ready to enter it; the count after."""
+        assert self._store is not None, "counted before joining a round"
+        return int(self._store.add(world_switch.ready_key(self._config.rdzv_id, generation), workers))
 
     def _dropped_from_the_world(self) -> bool:
         """Whether the others declared this running node dead (see "Dropped from the world" in the

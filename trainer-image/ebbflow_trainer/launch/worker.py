@@ -1,9 +1,10 @@
-"""The training process the elastic agent starts for one world (forked warm, see :mod:`.preload`).
+"""One training process's worker (forked warm by the agent, see :mod:`.preload` and :mod:`.worker_process`).
 
 Life of a worker: bootstrap a gloo process group from the rendezvous store under the world's
 generation; agree on the freshest state (survivors bring theirs from node-local memory, newcomers
-receive it from a peer); train; and when the world must change, stop at a step boundary, leave the
-state in node-local memory for the next world and exit.
+receive it from a peer); train; and when the world must change, stop at a step boundary and either
+enter the next world in this process (a newcomer joins a replicated world, :mod:`.world_switch`) or
+leave the state in node-local memory for the next world and exit.
 
 Exit codes towards the agent: 0 when training finished or this worker was asked to leave (SIGTERM);
 ``EXIT_REFORM`` when the world must re-form without it being asked (the agent restarts it in the next
@@ -15,14 +16,11 @@ record of the newest step, to count the steps a new world lost).
 
 from __future__ import annotations
 
-import faulthandler
 import logging
 import math
 import os
 import signal
-import sys
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -37,7 +35,8 @@ from ebbflow_trainer import global_batch, metrics
 from ebbflow_trainer.api import load_spec
 from ebbflow_trainer.batching import DynamicBatchingController
 from ebbflow_trainer.config import TrainerConfig
-from ebbflow_trainer.launch import shard_copies, state
+from ebbflow_trainer.launch import shard_copies, state, world_switch
+from ebbflow_trainer.launch.buddies import Piece
 from ebbflow_trainer.launch.collectives import (
     DistCollectives,
     resolve_backend,
@@ -47,6 +46,7 @@ from ebbflow_trainer.launch.collectives import (
 from ebbflow_trainer.launch.durable import DurableCheckpoints
 from ebbflow_trainer.launch.journal import Journal
 from ebbflow_trainer.launch.rendezvous import connect, generation_store
+from ebbflow_trainer.launch.world_switch import World
 from ebbflow_trainer.sharding import even_counts, ranges_from_counts
 from ebbflow_trainer.step import memory_budget
 from ebbflow_trainer.step.engine import ReductionFailed, Requests, StepResult
@@ -54,6 +54,8 @@ from ebbflow_trainer.step.selection import engine_for
 from ebbflow_trainer.termination import write_termination_message
 
 EXIT_REFORM = 75
+# Not an exit: train() returns it when the world enters its next one in place (`Worker.entering`).
+ENTER_NEXT_WORLD = -1
 log = logging.getLogger("ebbflow_trainer.launch.worker")
 
 
@@ -73,14 +75,6 @@ class LeaveSignal:
         self.requested = True
         if not self.training:
             raise LeaveNow
-
-
-@dataclass
-class World:
-    rank: int
-    size: int
-    generation: int
-    local_rank: int = 0  # this process among the pod's --nproc-per-node
 
 
 class Worker:
@@ -105,14 +99,29 @@ class Worker:
         self.total_steps = config.steps or self.spec.steps
         self.state_dir = state.local_dir(Path(config.state_dir), world.local_rank)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        # Durable checkpoints: files on a shared volume (pieces, when sharded), or objects (s3://).
-        self.durable = DurableCheckpoints(
-            config, self.engine, world.rank, world.size, self.comm_device, self.journal
-        )
         self.step = 0
         self.last_step_wall_time = time.time()
         self.last_pause: float | None = None  # of this process's last membership change
         self.store: TCPStore | None = connect(config, config.store_timeout)
+        self._last_store_report = 0.0
+        self.entering: World | None = None  # set by a stop that enters it in place
+        self._bind(world)
+        # A replicated world's next one is entered in this process (:mod:`.world_switch`).
+        self.next_world: world_switch.NextWorldFile | None = None
+        if self.copies is None and not self.engine.collective_state:
+            self.next_world = world_switch.NextWorldFile(self.state_dir)
+            (self.state_dir / world_switch.IN_PLACE_MARKER).touch()
+        else:
+            (self.state_dir / world_switch.IN_PLACE_MARKER).unlink(missing_ok=True)
+
+    def _bind(self, world: World) -> None:
+        """What depends on this process's rank and world size: set for each world it trains in."""
+        config = self.config
+        self.world = world
+        # Durable checkpoints: files on a shared volume (pieces, when sharded), or objects (s3://).
+        self.durable = DurableCheckpoints(
+            config, self.engine, world.rank, world.size, self.comm_device, self.journal
+        )
         self.progress = metrics.ProgressReporter(config) if world.rank == 0 else None
         # Rank 0 reads the global batch the operator's policy chose (only with maxGlobalBatchSize).
         changing = config.max_global_batch_size is not None and config.global_batch_size_file
@@ -124,7 +133,6 @@ class Worker:
             if budgeted
             else None
         )
-        self._last_store_report = 0.0
         # A sharded world's copies of each worker's shard in a buddy's memory (TrainingSpec.buddy_every).
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         self.copies = shard_copies.for_world(
@@ -140,10 +148,14 @@ class Worker:
         best = int(steps.max())
         return steps, best, int((steps == best).nonzero()[0])
 
-    def agree_on_state(self) -> None:
+    def agree_on_state(self, live: bool = False) -> None:
         """Continue from the freshest state: in-memory handoffs first (survivors keep theirs, stale members
-        and newcomers receive it from a peer), the durable checkpoint only when no member holds one."""
-        local, copies = shard_copies.read_handoff(self.state_dir / state.HANDOFF_FILE)
+        and newcomers receive it from a peer), the durable checkpoint only when no member holds one.
+        ``live``: this process trained the last world, its state is the one in its memory."""
+        local: dict[str, Any] | None = {"step": self.step}
+        copies: dict[Piece, bytes] = {}
+        if not live:
+            local, copies = shard_copies.read_handoff(self.state_dir / state.HANDOFF_FILE)
         source = "memory"
         steps, best, holder = self._highest(local)
         durable = self.durable.configured
@@ -157,17 +169,21 @@ class Worker:
         mine = int(steps[self.world.rank])
         resumed = local if local is not None and mine == best else None
         if best > 0 and bool((steps != best).any()):
-            payload = [state.to_bytes(local) if self.world.rank == holder and local is not None else None]
+            sent = None
+            if self.world.rank == holder and local is not None:
+                whole = state.capture(self.engine, self.step, self.last_step_wall_time) if live else local
+                sent = state.to_bytes(whole)
+            payload = [sent]
             dist.broadcast_object_list(payload, src=holder)
             if resumed is None:
                 assert payload[0] is not None
                 resumed, source = state.from_bytes(payload[0]), "peer"
-        if resumed is not None:
+        if resumed is None:
+            source = "fresh"
+        elif not (live and source == "memory"):  # else the state this process trained on is in place
             state.restore(self.engine, resumed)
             self.step = int(resumed["step"])
             self.last_step_wall_time = float(resumed["last_step_wall_time"])
-        else:
-            source = "fresh"
         self.source = source
         lost = 0
         if self.world.rank == 0:
@@ -182,6 +198,7 @@ class Worker:
             source=source,
             holder=holder,
             steps_lost=lost,
+            pid=os.getpid(),
         )
         log.info(
             contract.RESUMES_LOG,
@@ -317,7 +334,7 @@ class Worker:
                 mine,
                 rank=self.world.rank,
                 world_size=self.world.size,
-                leave=lambda: self.leave.requested,
+                leave=self._stop_asked,
                 comm=self.comm,
                 requests=requests,
             )
@@ -430,11 +447,54 @@ class Worker:
             except RuntimeError as error:  # torch's DistError: the store is gone
                 self._store_unreachable(error)
 
+    def _stop_asked(self) -> bool:
+        """This worker asks its world to stop after this step: its pod leaves, its agent restarts it
+        (both SIGTERM), or its agent wrote its next world."""
+        return self.leave.requested or (self.next_world is not None and self.next_world.pending())
+
+    def _next_world_together(self) -> World | None:
+        """At a stop: this worker's next world when every member has its own (each then enters it in
+        its process), else None and the world stops for a restart; decided in one sum by all."""
+        mine = self.next_world if not self.leave.requested else None
+        ready = self._members_saying(mine is not None and mine.pending())
+        if 0 < ready < self.world.size:  # a peer's agent wrote its next world first: wait for ours
+            ready = self._members_saying(mine is not None and mine.wait(world_switch.LAGGARD_WAIT_SECONDS))
+        if mine is None or ready < self.world.size:
+            if self.next_world is not None:
+                self.next_world.discard()
+            return None
+        return mine.take()
+
+    def _members_saying(self, yes: bool) -> int:
+        count = torch.tensor([1.0 if yes else 0.0], device=self.comm_device)
+        self.comm.all_reduce(count).wait()
+        return int(count.item())
+
+    def enter_next_world(self, world: World) -> int:
+        """Leave this world's process group for the next one's, in this process, and train on there;
+        a member lost before the new world trains hands the state over for a restart."""
+        log.info("entering generation %d as rank %d of %d in place", world.generation, world.rank, world.size)
+        dist.destroy_process_group()
+        self._bind(world)
+        try:
+            join_process_group(self.config, self.backend, world)
+            self.engine.join_world(world.size)
+            self.agree_on_state(live=True)
+        except RuntimeError as error:
+            log.warning("generation %d did not form (%s); the world re-forms", world.generation, error)
+            self.hand_over()
+            return EXIT_REFORM
+        return self.train()
+
     def stop_for_new_world(self) -> int:
-        """Someone asked to leave (or the agent must admit a newcomer): stop at this step boundary. A
+        """Someone asked to leave (or the agent must admit a newcomer): stop at this step boundary;
+        ``ENTER_NEXT_WORLD`` when every member enters its next world in place (``self.entering``). A
         sharded world keeps its shards in the stayers' memory, a leaver's with its heir."""
         handoff = None
         try:
+            self.entering = self._next_world_together()
+            if self.entering is not None:
+                return ENTER_NEXT_WORLD
             if self.copies is not None:
                 leaving = self.leave.requested and (self.state_dir / state.LEAVING_MARKER).exists()
                 handoff = self.copies.hand_over_at_stop(self.step, self.last_step_wall_time, leaving)
@@ -517,64 +577,15 @@ class Worker:
         self.durable.write(self.step, self.last_step_wall_time, captured)
 
 
-def run_worker(config_json: str, generation: int) -> int:
-    """The agent's entrypoint, called in a process forked for one world (RANK, WORLD_SIZE in the env).
-
-    Returning hands the exit code to the agent through its result queue, which only a finished run
-    should do; every other outcome exits the process at once, so the agent sees the code immediately
-    and nothing waits on interpreter teardown.
-    """
-    config = TrainerConfig.from_json(config_json)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    # `kill -USR1 <pid>` prints every thread's stack: the first thing to look at when a world hangs.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    torch.set_num_threads(1)
-    leave = LeaveSignal()
-    world = World(
-        rank=int(os.environ["RANK"]),
-        size=int(os.environ["WORLD_SIZE"]),
-        generation=generation,
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+def join_process_group(config: TrainerConfig, backend: str, world: World) -> None:
+    """This process's group for ``world``, bootstrapped from the store under its generation; counted
+    ready there first, for the agents that switch running workers into it (:mod:`.world_switch`)."""
+    store = generation_store(config, world.generation)
+    store.add(world_switch.READY_KEY, 1)
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=world.rank,
+        world_size=world.size,
+        timeout=timedelta(seconds=config.collective_timeout),
     )
-    code = _run(config, world, leave)
-    if code == contract.EXIT_SUCCESS and not leave.requested:
-        return code
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _run(config: TrainerConfig, world: World, leave: LeaveSignal) -> int:
-    local_dir = state.local_dir(Path(config.state_dir), world.local_rank)
-    local_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        worker = Worker(config, world, leave)
-        if world.local_rank == 0:  # the pod's one metrics port
-            metrics.serve(config.metrics_port)
-        if worker.backend == "nccl":
-            # A collective with a dead peer raises after --collective-timeout (and the world re-forms with
-            # the state handed over) instead of hanging until the watchdog aborts the process.
-            os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
-        dist.init_process_group(
-            worker.backend,
-            store=generation_store(config, world.generation),
-            rank=world.rank,
-            world_size=world.size,
-            timeout=timedelta(seconds=config.collective_timeout),
-        )
-        worker.engine.join_world(world.size)
-        try:
-            worker.agree_on_state()
-        except RuntimeError as error:
-            log.warning("state agreement failed (%s); the world re-forms", error)
-            return EXIT_REFORM
-        try:
-            code = worker.train()
-            # Every return from train() is at a step boundary with the state handed over or saved.
-            (local_dir / state.TRAINING_MARKER).unlink(missing_ok=True)
-            return code
-        finally:
-            worker.engine.close()  # loader processes: run_worker may leave with os._exit
-    except LeaveNow:
-        (local_dir / state.LEFT_MARKER).touch()
-        return contract.EXIT_SUCCESS
