@@ -32,6 +32,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 
 from ebbflow_trainer.launch import world_switch
 from ebbflow_trainer.launch.rendezvous import GenerationRendezvousHandler
+from ebbflow_trainer.launch.state import TRAINING_MARKER
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +81,13 @@ class InPlaceJoins:
     ready_timeout: float  # how long the running world waits for the newcomer's worker to be built
 
     def possible(self) -> bool:
-        """Only newcomers wait (no member was lost) and every local worker said it can switch."""
-        markers = (directory / world_switch.IN_PLACE_MARKER for directory in self.state_dirs)
+        """Nodes wait to join, no member was lost, and every local worker trains (not still bootstrapping
+        its world) and said it can switch."""
+        markers = (
+            directory / marker
+            for directory in self.state_dirs
+            for marker in (world_switch.IN_PLACE_MARKER, TRAINING_MARKER)
+        )
         return self.handler.newcomers_waiting and all(marker.exists() for marker in markers)
 
 

@@ -202,7 +202,8 @@ class GenerationRendezvousHandler(RendezvousHandler):
         self._round_delegate: DynamicRendezvousHandler | None = None  # the handler of the last round
         self._store: TCPStore | None = None
         self._delegate: DynamicRendezvousHandler | None = None
-        # Whether the agent's last poll saw nodes waiting to join and no member of this world lost.
+        # Whether the agent's last poll saw nodes waiting for the next round (newcomers, or members that
+        # left this round to join it) and no member of this node's world gone.
         self.newcomers_waiting = False
         # When the store was found gone (None while it answers); a pod may also start before its store.
         self._lost_since: float | None = time.monotonic()
@@ -473,7 +474,10 @@ class GenerationRendezvousHandler(RendezvousHandler):
         if self._delegate is not self._round_delegate:  # a new store: _reconnect has asked to re-form
             return False
         state = self._delegate._state_holder.state
-        gone = self._last_world - {repr(node) for node in state.participants}
+        # A member waiting for the next round is not gone: it left a round to join the next (a join in
+        # place begins so, before this node's agent has seen the newcomer).
+        present = {repr(node) for node in (*state.participants, *state.wait_list)}
+        gone = self._last_world - present
         if not gone or repr(self._delegate._this_node) in gone:  # this node's own absence: dropped
             return False
         if self._member_gone_generation != self._last_generation:  # said once; the agent polls often

@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import signal
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -474,10 +475,14 @@ class Worker:
         """Leave this world's process group for the next one's, in this process, and train on there;
         a member lost before the new world trains hands the state over for a restart."""
         log.info("entering generation %d as rank %d of %d in place", world.generation, world.rank, world.size)
+        # Held while the next world forms: the last reference's release tears the group down (gloo's
+        # event loops stop, about 20 ms), on a thread of its own once the new group is up.
+        retired = [dist.group.WORLD]
         dist.destroy_process_group()
         self._bind(world)
         try:
             join_process_group(self.config, self.backend, world)
+            threading.Thread(target=retired.clear, name="old process group", daemon=True).start()
             self.engine.join_world(world.size)
             self.agree_on_state(live=True)
         except RuntimeError as error:
