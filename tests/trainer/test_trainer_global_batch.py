@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from ebbflow_api import contract
-from ebbflow_devtools.testing.trainer_cluster import HELD_DIGITS, Job, Node, assert_bitwise_equal, running_job
+from ebbflow_devtools.testing.trainer_cluster import (
+    HELD_DIGITS,
+    Job,
+    Node,
+    admissions,
+    assert_bitwise_equal,
+    running_job,
+)
 from ebbflow_devtools.waiting import wait_for
 
 V, B, MAX = 4, 32, 64
@@ -134,15 +141,14 @@ def test_a_newcomer_trains_at_the_global_batch_of_the_state_it_receives(tmp_path
     ) as job:
         first = [job.start_node(env=_adaptive(job, batch_file, DIGITS_HOLD=str(hold))) for _ in range(2)]
         _await(job, lambda: all(n.events("batch") for n in first), 120, "the first world to switch")
-        # Hold training while the newcomer starts; release it once both agents saw it waiting and
-        # asked their workers (torch elastic's log line) to stop at the next step boundary, well
-        # within the leave grace (30 s) after which they would kill them.
+        # Hold training while the newcomer starts; release it once both agents admitted it (gave their
+        # workers its world, or asked them to stop at the next step boundary, well within the leave
+        # grace of 30 s after which they would kill them).
         hold.touch()
         newcomer = job.start_node(env=_adaptive(job, newcomer_file, DIGITS_HOLD=str(hold)))
-        seen = "via signal SIGTERM"
         _await(
             job,
-            lambda: all(seen in n.log.read_text() for n in first),
+            lambda: all(admissions(n.log.read_text()) > 0 for n in first),
             180,
             "the agents to admit the newcomer",
         )

@@ -48,7 +48,7 @@ AGENT_ADMITS = ("via signal SIGTERM", ENTERS_IN_PLACE_LOG)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _admissions(log: str) -> int:
+def admissions(log: str) -> int:
     """How often a launcher's agent admitted a waiting node (stopped its workers, or switched them)."""
     return sum(log.count(line) for line in AGENT_ADMITS)
 
@@ -410,12 +410,12 @@ class Job:
         assert self.script in held, f"start_held needs running_job(..., script=one of {held})"
         hold = self.hold_file
         hold.touch()
-        stops_before = {n.name: _admissions(n.log.read_text(errors="replace")) for n in running}
+        stops_before = {n.name: admissions(n.log.read_text(errors="replace")) for n in running}
         new = [self.start_node() for _ in range(count)]
         everyone = [*running, *new]
 
         def stops(node: Node) -> int:
-            return _admissions(node.log.read_text(errors="replace")) - stops_before.get(node.name, 0)
+            return admissions(node.log.read_text(errors="replace")) - stops_before.get(node.name, 0)
 
         def admitted() -> bool:
             if all(any(g["world"] == len(everyone) for g in n.events("generation")) for n in everyone):
