@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from ebbflow_devtools.testing.trainer_cluster import (
+    HELD_DIGITS,
     Node,
     assert_bitwise_equal,
     needs_cuda,
@@ -79,6 +80,28 @@ def test_sigkill_of_a_pod_with_two_processes_leaves_two_survivors_that_finish_bi
     tmp_path: Path, calm_reference: dict[str, Any]
 ) -> None:
     _kill_a_pod_of_two(tmp_path, calm_reference, [])
+
+
+def test_a_pod_of_two_joins_the_running_processes_of_another_and_the_result_is_bitwise(
+    tmp_path: Path, calm_reference: dict[str, Any]
+) -> None:
+    """The first pod's two processes train a world of two, then enter the world of four in place (each
+    its own next world, by local rank); the newcomer's two receive the state from a peer."""
+    extra = [*TWO_PER_POD, *SLOW_STEPS]
+    with running_job(tmp_path, min_replicas=1, max_replicas=2, extra_args=extra, script=HELD_DIGITS) as job:
+        first = job.start_node()
+        job.wait_for_world(first, 2, min_step=1)
+        (newcomer,) = job.start_held(1, running=(first,))
+        assert job.wait_all([first, newcomer], 300) == [0, 0], job.logs()
+
+        worlds = {(g["world"], g["rank"]): g for g in first.events("generation")}
+        assert {w for w, _ in worlds} == {2, 4}, sorted(worlds)
+        assert len({g["pid"] for g in worlds.values()}) == 2, "the same two processes trained both worlds"
+        assert {g["source"] for (w, _), g in worlds.items() if w == 4} == {"memory"}
+        assert {g["source"] for g in newcomer.events("generation")} == {"peer"}
+        assert sorted(r for n in (first, newcomer) for r in _ranks_at(n, 4)) == [0, 1, 2, 3]
+        final = job.final_checkpoint()
+    assert_bitwise_equal(final, calm_reference)
 
 
 @pytest.mark.gpu
