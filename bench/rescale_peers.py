@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from itertools import pairwise
 from pathlib import Path
+from typing import NamedTuple
 
 from ebbflow_devtools.ports import free_port
 from ebbflow_devtools.testing.trainer_cluster import Node, descendants
@@ -134,11 +135,36 @@ def _steps(journal: Path) -> list[dict[str, float]]:
     return [r for r in records if r["event"] == "step"]
 
 
-def pause(survivor_journal: Path, changed_at: float) -> float:
-    """The longest gap between consecutive completed steps around the change."""
-    times = sorted(r["time"] for r in _steps(survivor_journal))
-    window = [t for t in times if t >= changed_at - 1.0]
-    return max(later - earlier for earlier, later in pairwise(window))
+class Pause(NamedTuple):
+    """One disruption seen by a survivor: the longest gap between its steps around the change (inf:
+    it never trained again within the patience), and its stalls before it: gaps of ``STALL_S`` or
+    more between steps of one world size, where nobody joined or left (a false re-formation)."""
+
+    seconds: float
+    stalls: int
+
+
+STALL_S = 1.0
+
+
+def pause(survivor_journal: Path, changed_at: float) -> Pause:
+    steps = _steps(survivor_journal)
+    window = [t for t in sorted(r["time"] for r in steps) if t >= changed_at - 1.0]
+    return Pause(max(later - earlier for earlier, later in pairwise(window)), _stalls(steps, changed_at))
+
+
+def never(survivor_journal: Path, changed_at: float) -> Pause:
+    """The survivor did not train again within the patience: reported as such, not as a number."""
+    return Pause(math.inf, _stalls(_steps(survivor_journal), changed_at))
+
+
+def _stalls(steps: list[dict[str, float]], before: float) -> int:
+    ordered = sorted((r for r in steps if r["time"] < before - 1.0), key=lambda r: r["time"])
+    return sum(
+        1
+        for earlier, later in pairwise(ordered)
+        if later["world"] == earlier["world"] and later["time"] - earlier["time"] >= STALL_S
+    )
 
 
 def trained_after(journal: Path, world: int, moment: float) -> bool:
@@ -174,7 +200,7 @@ def _peer_processes(package: str) -> Iterator[tuple[dict[str, str], list[subproc
             process.wait()
 
 
-def _disrupt(scenario: str, nodes: list[Node], victim: Node, survivor: Node) -> float:
+def _disrupt(scenario: str, nodes: list[Node], victim: Node, survivor: Node) -> Pause:
     """Once all three train, SIGKILL the victim's process tree or SIGTERM its main process; the
     survivor's pause."""
     wait_for(lambda: all(last_world(n.journal) == 3 for n in nodes), 300, "a world of 3")
@@ -183,11 +209,11 @@ def _disrupt(scenario: str, nodes: list[Node], victim: Node, survivor: Node) -> 
     try:
         wait_for(lambda: trained_after(survivor.journal, 2, changed_at), PATIENCE, "a step at world size 2")
     except TimeoutError:
-        return math.inf  # never trained again within the patience: reported as such, not as a number
+        return never(survivor.journal, changed_at)
     return pause(survivor.journal, changed_at)
 
 
-def measure_torchft(scenario: str, root: Path) -> float:
+def measure_torchft(scenario: str, root: Path) -> Pause:
     """One disruption's pause seen by a survivor; a join is timed from the newcomer's imports done."""
     with _peer_processes("torchft") as (env, processes):
         port = free_port()
@@ -225,11 +251,11 @@ def measure_torchft(scenario: str, root: Path) -> float:
         try:
             wait_for(lambda: trained_after(first.journal, 3, ready_at), PATIENCE, "a step at world size 3")
         except TimeoutError:
-            return math.inf
+            return never(first.journal, ready_at)
         return pause(first.journal, ready_at)
 
 
-def measure_dlrover(scenario: str, root: Path) -> float:
+def measure_dlrover(scenario: str, root: Path) -> Pause:
     """One disruption's pause seen by a survivor (a join is not timed: the agent logs no moment its
     imports are done, as stock torchrun's does not)."""
     if scenario == "join":

@@ -21,6 +21,10 @@ every step): its pauses against the replicated job's, in the same run.
 A join: two nodes train, a third starts; the pause counts from its launcher's first join attempt
 (its imports done), as a pod the operator started ahead of need. Prints one JSON line per
 measurement, then each system's median and range and the ratio of each peer's median to Ebbflow's.
+
+``--stress 24 --load 20``: the same beside 24 busy processes, measured once the load average is 20;
+each side's stalls before the disruption (gaps of 1 s or more between steps of one world size:
+re-formations nobody's arrival or departure caused) are counted beside its pauses.
 """
 
 from __future__ import annotations
@@ -44,29 +48,32 @@ from ebbflow_devtools.waiting import wait_for
 from rescale_peers import (
     PATIENCE,
     STEP_SECONDS,
+    Pause,
     last_world,
     listening,
     measure_dlrover,
     measure_torchft,
+    never,
     pause,
     stock_script,
     trained_after,
 )
+from trainer_under_load import busy_processes
 
 # Where the logs of a run whose survivors never trained again are kept.
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def measure_ebbflow(scenario: str, root: Path) -> float:
+def measure_ebbflow(scenario: str, root: Path) -> Pause:
     return _measure_ebbflow_job(scenario, root, {})
 
 
-def measure_ebbflow_sharded(scenario: str, root: Path) -> float:
+def measure_ebbflow_sharded(scenario: str, root: Path) -> Pause:
     """The same job trained sharded (FSDP2, fast mode, buddy copies every step)."""
     return _measure_ebbflow_job(scenario, root, {"script": SHARDED_DIGITS, "mode": "fast"})
 
 
-def _measure_ebbflow_job(scenario: str, root: Path, settings: dict[str, str]) -> float:
+def _measure_ebbflow_job(scenario: str, root: Path, settings: dict[str, str]) -> Pause:
     # Production defaults (the test harness lengthens the last call for busy CI machines).
     args = ["--simulated-vnode-seconds", str(STEP_SECONDS / 2), "--last-call-timeout", "1"]
     with running_job(root, min_replicas=2, max_replicas=3, steps=100000, extra_args=args, **settings) as job:
@@ -82,7 +89,7 @@ def _measure_ebbflow_job(scenario: str, root: Path, settings: dict[str, str]) ->
         return pause(survivor.journal, changed_at)
 
 
-def _ebbflow_join(job: Job) -> float:
+def _ebbflow_join(job: Job) -> Pause:
     """Two nodes train; a third starts. The survivors' pause from the moment the newcomer's launcher
     asks to join (its imports done: the operator starts pods ahead of need on a real cluster)."""
     nodes = [job.start_node() for _ in range(2)]
@@ -96,7 +103,7 @@ def _ebbflow_join(job: Job) -> float:
     return pause(nodes[0].journal, asked_at)
 
 
-def measure_torchrun(scenario: str, root: Path) -> float:
+def measure_torchrun(scenario: str, root: Path) -> Pause:
     script = root / "baseline.py"
     script.write_text(stock_script())
     port = free_port()
@@ -135,7 +142,7 @@ def measure_torchrun(scenario: str, root: Path) -> float:
                 "stock torchrun to train again at world size 2",
             )
         except TimeoutError:
-            return math.inf  # never resumed within the patience: report that, not a number
+            return never(survivor.journal, changed_at)
         return pause(survivor.journal, changed_at)
     finally:
         for node in nodes:
@@ -143,11 +150,33 @@ def measure_torchrun(scenario: str, root: Path) -> float:
                 node.kill_tree()
 
 
-def _figures(pauses: list[float]) -> dict[str, float | None]:
-    """Median and range of one system's pauses (None where it never trained again)."""
-    ordered = sorted(pauses)
+def _measure_all(
+    scenario: str, repeats: int, systems: list[tuple[str, Callable[[str, Path], Pause]]]
+) -> dict[str, list[Pause]]:
+    """Each system's pauses, the systems taking turns in each repetition; one JSON line for each."""
+    results: dict[str, list[Pause]] = {name: [] for name, _ in systems}
+    for repeat in range(repeats):
+        for name, measure in systems:
+            with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as root:
+                measured = measure(scenario, Path(root))
+                if math.isinf(measured.seconds):
+                    kept = RESULTS / f"rescale-{scenario}-{name}-{repeat}"
+                    shutil.copytree(root, kept, dirs_exist_ok=True)
+                    print(f"{name} never trained again; its logs: {kept}", file=sys.stderr)
+            results[name].append(measured)
+            line = {"system": name, "scenario": scenario, "repeat": repeat}
+            line |= {"pause_s": None if math.isinf(measured.seconds) else measured.seconds}
+            line |= {"stalls": measured.stalls, "load_average": round(os.getloadavg()[0], 1)}
+            print(json.dumps(line), flush=True)
+    return results
+
+
+def _figures(measured: list[Pause]) -> dict[str, float | int | None]:
+    """Median and range of one system's pauses (None where it never trained again), and its stalls."""
+    ordered = sorted(m.seconds for m in measured)
     shown = [None if math.isinf(p) else round(p, 2) for p in ordered]
-    return {"median_s": shown[len(ordered) // 2], "min_s": shown[0], "max_s": shown[-1]}
+    stalls = sum(m.stalls for m in measured)
+    return {"median_s": shown[len(ordered) // 2], "min_s": shown[0], "max_s": shown[-1], "stalls": stalls}
 
 
 def main() -> None:
@@ -162,6 +191,12 @@ def main() -> None:
         choices=("ebbflow", "ebbflow-sharded", "torchrun", "torchft", "dlrover"),
         default=["ebbflow", "torchrun"],
     )
+    parser.add_argument(
+        "--stress", type=int, default=0, help="busy processes beside every run (e.g. 24 on 2 cores)"
+    )
+    parser.add_argument(
+        "--load", type=float, default=20.0, help="with --stress: the load average first reached"
+    )
     args = parser.parse_args()
     if args.scenario == "join" and "torchrun" in args.systems:
         parser.error(
@@ -175,24 +210,20 @@ def main() -> None:
         "torchft": measure_torchft,
         "dlrover": measure_dlrover,
     }
-    results: dict[str, list[float]] = {name: [] for name in args.systems}
-    for repeat in range(args.repeats):
-        for name in args.systems:
-            with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as root:
-                pause = measures[name](args.scenario, Path(root))
-                if math.isinf(pause):
-                    kept = RESULTS / f"rescale-{args.scenario}-{name}-{repeat}"
-                    shutil.copytree(root, kept, dirs_exist_ok=True)
-                    print(f"{name} never trained again; its logs: {kept}", file=sys.stderr)
-            results[name].append(pause)
-            shown = None if math.isinf(pause) else pause
-            print(json.dumps({"system": name, "scenario": args.scenario, "repeat": repeat, "pause_s": shown}))
-    summary: dict[str, object] = {"scenario": args.scenario, "repeats": args.repeats}
+    busy = busy_processes(args.stress)
+    try:
+        if args.stress:
+            wait_for(lambda: os.getloadavg()[0] >= args.load, 600, f"a load average of {args.load}")
+        results = _measure_all(args.scenario, args.repeats, [(name, measures[name]) for name in args.systems])
+    finally:
+        for process in busy:
+            process.kill()
+    summary: dict[str, object] = {"scenario": args.scenario, "repeats": args.repeats, "stress": args.stress}
     summary.update({name: _figures(pauses) for name, pauses in results.items()})
-    ebbflow = sorted(results.get("ebbflow", []))
+    ebbflow = sorted(m.seconds for m in results.get("ebbflow", []))
     for peer in ("ebbflow-sharded", "torchrun", "torchft", "dlrover"):
         if ebbflow and peer in results:
-            theirs = sorted(results[peer])
+            theirs = sorted(m.seconds for m in results[peer])
             ratio = theirs[len(theirs) // 2] / ebbflow[len(ebbflow) // 2]
             summary[f"{peer}_over_ebbflow_median"] = "inf" if math.isinf(ratio) else round(ratio, 1)
     print(json.dumps(summary))

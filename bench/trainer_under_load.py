@@ -60,7 +60,8 @@ def _reformations(nodes: list[Node], start: float, end: float) -> list[dict[str,
     ]
 
 
-def _stress(processes: int) -> list[subprocess.Popen[bytes]]:
+def busy_processes(processes: int) -> list[subprocess.Popen[bytes]]:
+    """``processes`` Python loops that never sleep: a CPU stress (kill them when done)."""
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
 
 
@@ -70,7 +71,7 @@ def _run(job: Job, minutes: float, stress: int, load: float) -> dict[str, Any]:
     calm_start = time.time()
     time.sleep(CALM_SECONDS)  # the rate without stress: the window is a duration, not a condition
     stress_start = time.time()
-    busy = _stress(stress)
+    busy = busy_processes(stress)
     loads: list[float] = []
     try:
         wait_for(lambda: os.getloadavg()[0] >= load, 600, f"a load average of {load}")
