@@ -199,7 +199,6 @@ class Worker:
             source=source,
             holder=holder,
             steps_lost=lost,
-            pid=os.getpid(),
         )
         log.info(
             contract.RESUMES_LOG,
