@@ -3,23 +3,25 @@
 Rank 0 of a job puts its newest progress report (contract.PROGRESS_FIELDS) on its pod; every pass
 `record` turns a report the history has not seen yet (by its time) into one step `Measurement`
 (world size, micro-batch, accumulation, step and compute seconds, on how many nodes and under which
-time-slicing share the job's workers ran) and one (step, loss) point, and keeps the newest
+time-slicing share the job's workers ran; none from a report stamped before the job's last rescale,
+which timed another world) and one (step, loss) point, and keeps the newest
 MAX_MEASUREMENTS shapes (one per distinct shape: a new report of a known shape replaces the old one,
 so a long calm run cannot push out what the job measured at other sizes) and MAX_LOSSES losses
 (the first one and the newest: the quality policy normalises a job's loss by where it started).
 
-Where it lives: in the operator's memory (`History`, owned by the reconciler), never in the API.
-An operator restart or a new leader starts from the priors plus the report in each job's
-status.progress, and refills as reports arrive (rank 0 reports every 5 s); the
-policies work with whatever is there (a job with no measurement uses the prior model).
+It lives in the operator's memory (`History`, owned by the reconciler), never in the API: a
+restarted operator starts from the priors plus each job's status.progress and refills as reports
+arrive (every 5 s); the policies use what is there (no measurement: the prior model).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ebbflow_api import contract
+from ebbflow_api.models import parse_time
 
 from ..decision.job_status import latest_progress
 from ..decision.model import (
@@ -55,17 +57,23 @@ class JobHistory:
 @dataclass(frozen=True)
 class Where:
     """Where a job's workers ran when they reported: how many nodes, the time-slicing share of the
-    most contended one, and their GPU type ("" when unknown or mixed)."""
+    most contended one, their GPU type ("" when unknown or mixed), and since when (the job's last
+    rescale, POSIX seconds; 0 when unknown): a report stamped before then describes an older world."""
 
     nodes: int = 1
     share: float = 1.0
     gpu_type: str = ""
+    since: float = 0.0
 
 
 def measurement_of(report: Json, where: Where) -> Measurement | None:
-    """The step shape a report describes; None when it lacks one (an older trainer, no step yet)."""
+    """The step shape a report describes; None when it lacks one (an older trainer, no step yet) or
+    was made in an older world than `where` (stamped no later than the second of the job's last
+    rescale: its step time belongs to workers and nodes that are not the job's now)."""
     shape = [report.get(key) for key in ("worldSize", "microBatch", "stepSeconds", "computeSeconds")]
     if not all(isinstance(value, int | float) and value > 0 for value in shape):
+        return None
+    if where.since and _stamp(report) <= where.since:
         return None
     workers, micro_batch, step_s, compute_s = (float(value) for value in shape)  # type: ignore[arg-type]
     return Measurement(
@@ -78,6 +86,14 @@ def measurement_of(report: Json, where: Where) -> Measurement | None:
         share=max(1.0, where.share),
         gpu_type=where.gpu_type,
     )
+
+
+def _stamp(report: Json) -> float:
+    """The report's time in POSIX seconds; +inf when unreadable (nothing says it is old)."""
+    try:
+        return parse_time(str(report.get("time") or "")) or math.inf
+    except ValueError:
+        return math.inf
 
 
 def _same_shape(a: Measurement, b: Measurement) -> bool:
@@ -148,9 +164,12 @@ def _label_int(node: Node, key: str) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def placement_of(workers: Sequence[Pod], pods: Sequence[Pod], devices: Mapping[str, NodeDevices]) -> Where:
+def placement_of(
+    workers: Sequence[Pod], pods: Sequence[Pod], devices: Mapping[str, NodeDevices], since: float = 0.0
+) -> Where:
     """Where the job's running workers are: how many nodes, the time-slicing share of the most
-    contended one (GPUs held there by any pod over its physical GPUs, at least 1), their GPU type."""
+    contended one (GPUs held there by any pod over its physical GPUs, at least 1), their GPU type,
+    and `since` (the job's last rescale) passed through."""
     nodes = {p.node for p in workers if p.node and p.holds_gpus}
     share = 1.0
     for node in nodes:
@@ -159,7 +178,7 @@ def placement_of(workers: Sequence[Pod], pods: Sequence[Pod], devices: Mapping[s
             used = sum(p.gpus for p in pods if p.node == node and p.holds_gpus)
             share = max(share, used / device.physical)
     types = {devices[n].gpu_type if n in devices else "" for n in nodes}
-    return Where(len(nodes), share, types.pop() if len(types) == 1 else "")
+    return Where(len(nodes), share, types.pop() if len(types) == 1 else "", since)
 
 
 class History:
@@ -181,7 +200,9 @@ class History:
             if report is None:
                 self.jobs[job.key] = previous
                 continue
-            self.jobs[job.key] = record(previous, report, placement_of(workers, pods, devices))
+            rescaled = job.status.last_rescale
+            since = (parse_time(rescaled.time) or 0.0) if rescaled else 0.0
+            self.jobs[job.key] = record(previous, report, placement_of(workers, pods, devices, since))
         alive = {job.key for job in jobs}
         self.jobs = {key: h for key, h in self.jobs.items() if key in alive}
 

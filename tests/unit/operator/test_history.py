@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from ebbflow_api.models import parse_time
 from ebbflow_devtools.builders import JobBuilder, make_job, make_node, make_worker
 from ebbflow_operator.decision.allocator import PriorityFairShare
 from ebbflow_operator.decision.model import Node
@@ -73,6 +74,41 @@ def test_a_report_is_recorded_once_and_a_known_shape_is_replaced_not_repeated() 
     assert [(m.workers, m.step_s) for m in history.measurements] == [(2, 0.9), (4, 0.6)]
     assert history.losses == ((10.0, 0.2), (20.0, 0.1), (30.0, 2.0 / 30))
     assert history.step == 30.0 and history.last_report == "t3"
+
+
+RESCALED_AT = "2026-01-01T00:01:00Z"
+
+
+@pytest.mark.parametrize(
+    ("stamp", "measured"),
+    [
+        pytest.param("2026-01-01T00:00:59Z", False, id="before-the-rescale-another-world"),
+        pytest.param(RESCALED_AT, False, id="the-rescale's-second-either-world"),
+        pytest.param("2026-01-01T00:01:01Z", True, id="after-the-rescale"),
+        pytest.param("t1", True, id="unreadable-time-nothing-says-it-is-old"),
+    ],
+)
+def test_a_report_from_before_the_last_rescale_times_no_shape(stamp: str, measured: bool) -> None:
+    """Its step time belongs to the workers and nodes before the rescale, not the job's present ones."""
+    where = Where(nodes=1, since=parse_time(RESCALED_AT) or 0.0)
+    history = record(JobHistory(), report(10, stamp), where)
+    assert bool(history.measurements) is measured
+    assert history.losses == ((10.0, 0.2),)  # the loss at a step is the same in any world
+
+
+def test_the_history_dates_reports_against_the_jobs_last_rescale() -> None:
+    """Two workers on two nodes timed a slow step; the job shrank to one: that report is not one
+    worker's shape, while the next report, from the world of one, is."""
+    rescale = {"time": RESCALED_AT, "from": 2, "to": 1, "reason": "CapacityReclaimed"}
+    train = make_job(JobBuilder("train").replicas(1, 4), status={"lastRescale": rescale})
+    devices = node_devices([make_node("a")])
+    history = History()
+    old = report(10, "2026-01-01T00:00:58Z", stepSeconds=3.0)
+    history.update([train], [make_worker(train, 0, "a", progress=json.dumps(old))], devices)
+    assert history.jobs[train.key].measurements == ()
+    new = report(12, "2026-01-01T00:01:03Z", worldSize=1)
+    history.update([train], [make_worker(train, 0, "a", progress=json.dumps(new))], devices)
+    assert [(m.workers, m.nodes) for m in history.jobs[train.key].measurements] == [(1, 1)]
 
 
 def test_losses_keep_the_first_and_the_newest_and_never_go_back_in_step() -> None:
