@@ -110,6 +110,7 @@ def simulate(jobs: list[SimJob], policy: str, setup: Setup) -> dict[str, Simulat
         rescale_pause_s=setup.pause_s,
         restart_s=setup.restart_s,
         checkpoint_s=0.0,
+        preemption_notice=True,  # the losses evict the pods with their grace: the trainers hand over
         tick_s=setup.resync_s,
         debounce_s=0.0,
     )

@@ -133,6 +133,11 @@ def parser() -> argparse.ArgumentParser:
     add("--rescale-pause-s", type=_number(float, 0.0), default=5.0)
     add("--restart-s", type=_number(float, 0.0), default=60.0, help="cost of a restart from checkpoint")
     add("--checkpoint-s", type=_number(float, 1.0), default=1800.0, help="checkpoint interval")
+    add(
+        "--preemption-notice",
+        action="store_true",
+        help="preemptions give notice: an elastic job losing every worker hands over a checkpoint",
+    )
     add("--tick-s", type=_number(float, 1.0), default=60.0, help="periodic reallocation")
     add("--debounce-s", type=_number(float, 0.0), default=0.0, help="coalesce events into one pass")
     add("--trace", type=Path, help="CSV trace instead of the generator (see docs/simulator.md)")
@@ -180,6 +185,7 @@ def _config(args: argparse.Namespace, p: argparse.ArgumentParser) -> SimConfig:
         rescale_pause_s=args.rescale_pause_s,
         restart_s=args.restart_s,
         checkpoint_s=args.checkpoint_s,
+        preemption_notice=args.preemption_notice,
         tick_s=args.tick_s,
         debounce_s=args.debounce_s,
     )

@@ -6,8 +6,8 @@ coalesced over `debounce_s`, and at least every `tick_s`). A pass calls the poli
 places the counts (`Placer`), applies the batches and charges: a resize or a move `rescale_pause_s`
 (a move no worker survives: a restart); a restart of a job that ran before `restart_s`; a
 change of batch nothing; a preemption rolls rigid jobs back to their checkpoint and pauses elastic
-ones once (or stops them below min). A first start costs nothing, so a lone job finishes at
-exactly work / goodput.
+ones once (or stops them below min: survivors hand over, none rolls back unless `preemption_notice`
+let the dying workers hand over). A first start costs nothing: a lone job finishes at work / goodput.
 
 Invariants: time only moves forward; allocated GPUs never exceed a node's advertised GPUs; the
 result depends only on the jobs, the config and the seed.
@@ -45,6 +45,9 @@ class SimConfig:
     rescale_pause_s: float = 5.0
     restart_s: float = 60.0
     checkpoint_s: float = 1800.0
+    # Preemptions give notice (an eviction's grace, a cloud's spot notice): an elastic job that loses
+    # every worker hands a checkpoint over on SIGTERM, as the trainer does, instead of rolling back.
+    preemption_notice: bool = False
     tick_s: float = 60.0
     debounce_s: float = 0.0
     loss_cutoff_s: float | None = None  # default: the last arrival
@@ -286,7 +289,7 @@ class Simulation:
             state.paused_until = self.now + self.config.rescale_pause_s
             state.rescales += 1
             return
-        if self.policy in ELASTIC and survivors:
+        if self.policy in ELASTIC and (survivors or self.config.preemption_notice):
             state.hand_over()
         else:
             state.roll_back()
