@@ -12,6 +12,10 @@ the average JCT both ways and its error. Targets (issue 48): average within 10 %
 
     .venv/bin/python bench/sim_fidelity.py [--policies fair,goodput,quality] [--jobs 30] [--nodes 8]
                                            [--output bench/results/sim_fidelity.json]
+                                           [--operated EARLIER.json]
+
+`--operated` takes the operator's side from an earlier run's output (same trace flags) and runs only
+the simulator: a change of the simulator's model is compared with the same operator runs.
 """
 
 from __future__ import annotations
@@ -271,6 +275,17 @@ def _replay(cluster: Cluster, jobs: list[SimJob], setup: Setup, deadline_s: floa
     }
 
 
+def operated_before(report: dict[str, Any]) -> dict[str, Any]:
+    """One policy's operator side as `operate` returned it, rebuilt from an earlier run's output."""
+    jobs = report["per_job"]
+    return {
+        "jct_s": {name: job["operator_s"] for name, job in jobs.items()},
+        "timelines": {name: job["operator_workers"] for name, job in jobs.items()},
+        "rescales": report["rescales"]["operator"],
+        "ticks_late_p95_s": report["ticks_late_p95_s"],
+    }
+
+
 def compare(jobs: list[SimJob], sim: dict[str, Simulated], operated: dict[str, Any]) -> dict[str, Any]:
     """Per job (both finished) sim / operator - 1, with the operator's worker timeline and the
     simulator's first start and rescales beside it; the averages over the jobs both finished."""
@@ -320,14 +335,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--deadline", type=float, default=1800.0, help="seconds per operator run")
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "sim_fidelity.json")
+    parser.add_argument("--operated", type=Path, help="an earlier output: its operator runs, not new ones")
     args = parser.parse_args()
+    earlier = json.loads(args.operated.read_text()) if args.operated else None
     jobs = make_trace(args)
     setup = make_setup(args, jobs)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"setup": {**vars(args), "output": str(args.output)}, "losses": setup.losses}
+    report: dict[str, Any] = {"setup": {**vars(args), "output": str(args.output), "operated": str(args.operated or "")}, "losses": setup.losses}
     for policy in args.policies.split(","):
         simulated = simulate(jobs, policy, setup)
-        operated = operate(jobs, policy, setup, args.deadline, args.output.parent)
+        if earlier is not None:
+            operated = operated_before(earlier[policy])
+        else:
+            operated = operate(jobs, policy, setup, args.deadline, args.output.parent)
         report[policy] = {
             **compare(jobs, simulated, operated),
             "ticks_late_p95_s": operated["ticks_late_p95_s"],
