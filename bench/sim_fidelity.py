@@ -341,7 +341,8 @@ def main() -> None:
     jobs = make_trace(args)
     setup = make_setup(args, jobs)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"setup": {**vars(args), "output": str(args.output), "operated": str(args.operated or "")}, "losses": setup.losses}
+    paths = {"output": str(args.output), "operated": str(args.operated or "")}
+    report: dict[str, Any] = {"setup": {**vars(args), **paths}, "losses": setup.losses}
     for policy in args.policies.split(","):
         simulated = simulate(jobs, policy, setup)
         if earlier is not None:
