@@ -35,17 +35,12 @@ def key_of(state: JobState) -> JobKey:
     return (NAMESPACE, state.job.name)
 
 
-def demand(state: JobState, eligible: frozenset[str], now: float = 0.0, regrow_hold_s: float = 0.0) -> Demand:
-    """The job's `Demand`, its max capped while the regrowth hold after the policy shrank it lasts
-    (as `decide` caps it with `planner.regrow_cap`)."""
+def demand(state: JobState, eligible: frozenset[str]) -> Demand:
     job = state.job
-    maximum = job.max_workers
-    if state.reclaimed is not None and regrow_hold_s > 0 and now < state.reclaimed[0] + regrow_hold_s:
-        maximum = min(maximum, max(state.reclaimed[1], job.min_workers))
     return Demand(
         key=key_of(state),
         min=job.min_workers,
-        max=maximum,
+        max=job.max_workers,
         gpus_per_worker=job.gpus_per_worker,
         eligible=eligible,
         priority=job.priority,

@@ -39,9 +39,6 @@ class JobState:
     started_s: float | None = None
     finished_s: float | None = None
     rescales: int = 0
-    # (when, to how many) the policy last shrank it, while that is its last rescale: the operator's
-    # status.lastRescale with reason CapacityReclaimed, which holds its regrowth (`planner.regrow_cap`)
-    reclaimed: tuple[float, int] | None = None
     preemptions: int = 0
     lost_samples: float = 0.0  # work thrown away by roll-backs
     batch: int = 0  # the global batch B it trains at (0: the job's B0, set on creation)

@@ -283,7 +283,6 @@ class Simulation:
 
     def _lose(self, state: JobState, survivors: list[str]) -> None:
         self._sync(state)
-        state.reclaimed = None  # a preemption is its last rescale now
         if self.policy in ELASTIC and len(survivors) >= state.job.min_workers:
             self._set_workers(state, survivors)
             state.paused_until = self.now + self.config.rescale_pause_s
@@ -305,6 +304,7 @@ class Simulation:
         self._sync_running()  # the steps and losses the policies read
         grown = self._noise_grown()
         eligible = frozenset(self.nodes)
+        demands = [demand(s, eligible) for s in states]
         free = {n: self.devices.replicas for n in self.nodes}
         # Only the elastic policies place a job's minimum on-demand; the rigid baselines' scheduler
         # knows no minimum, so their placement ignores which nodes are spot.
@@ -317,11 +317,9 @@ class Simulation:
         if self.policy in ELASTIC:
             pause = self.config.rescale_pause_s
             policy = elastic_policy(self.policy, states, devices, self.now, pause, speeds)
-            demands = [demand(s, eligible, self.now, policy.regrow_hold_s) for s in states]
             decision = policy.decide(demands, free)
             counts, batches, moves = decision.counts, decision.global_batch, decision.moves
         else:
-            demands = [demand(s, eligible) for s in states]
             counts = rigid_allocate(self.policy, states, demands, free)
         placed = Placer(free, devices).apply(demands, counts, moves)
         changed = bool(grown)
@@ -360,13 +358,10 @@ class Simulation:
         """Applies a job's new nodes; charges a start, a rescale, a hand-over or a move. The operator
         moves a job by deleting the workers that leave before the new ones run: the workers that
         stay re-form, and the newcomers join that round (one rescale); when none stays, the job
-        hands over and restarts on the new nodes. A shrink is remembered as `reclaimed` (its
-        regrowth hold) until the next rescale."""
+        hands over and restarts on the new nodes."""
         if sorted(nodes) == sorted(state.workers):
             return False
         self._sync(state)
-        if len(nodes) != len(state.workers):  # a rescale (a move keeps the count): reclaimed or not
-            state.reclaimed = (self.now, len(nodes)) if len(nodes) < len(state.workers) else None
         stay = Counter(state.workers) & Counter(nodes)
         moved = stay.total() < min(len(state.workers), len(nodes))
         if not state.workers:

@@ -238,11 +238,6 @@ class Policy(Protocol):
     """Decides every job's worker count from the demands and the free GPUs per node (`allocate`);
     `decide` adds what else the policy chooses (batches, moves), none for most."""
 
-    @property
-    def regrow_hold_s(self) -> float:
-        """Seconds a job the allocator shrank stays at that size (`planner.regrow_cap`); 0: none."""
-        ...
-
     def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]: ...
 
     def decide(self, demands: Sequence[Demand], free: Mapping[str, int]) -> Allocation: ...
@@ -260,7 +255,6 @@ class PriorityFairShare:
     """
 
     name: str = field(default="priority-fair")
-    regrow_hold_s: float = 0.0  # shares follow arrivals and departures: nothing to hold
 
     def decide(self, demands: Sequence[Demand], free: Mapping[str, int]) -> Allocation:
         return Allocation(self.allocate(demands, free))

@@ -28,7 +28,7 @@ from .kueue import Admission, Flavor, Workload
 from .kueue_room import ClusterQueue, LocalQueue
 from .model import Job, JobKey, Node, Pod, parse_toleration
 from .plan import TERMINAL_PHASES, Observed, Plan, PlannerConfig, Refusal
-from .planner import hold_cap, plan_job, regrow_cap
+from .planner import hold_cap, plan_job
 
 
 @dataclass(frozen=True)
@@ -158,8 +158,7 @@ def decide(
         admitted = (
             admissions[job.key].workers - room.yields.get(job.key, 0) if job.key in admissions else None
         )
-        regrown = regrow_cap(job, now, policy.regrow_hold_s)
-        demands.append(_demand(job, held, eligible[job.key], now, admitted, regrown))
+        demands.append(_demand(job, held, eligible[job.key], now, admitted))
     capacity = cluster_capacity(selected, pods, movable)
     allocation = policy.decide(demands, capacity.free)
     plans = []
@@ -274,18 +273,12 @@ def _eligible(selected: Sequence[Node], jobs: Sequence[Job]) -> dict[JobKey, fro
 
 
 def _demand(
-    job: Job,
-    held: Sequence[Pod],
-    eligible: frozenset[str],
-    now: float,
-    admitted: int | None,
-    regrown: int | None = None,
+    job: Job, held: Sequence[Pod], eligible: frozenset[str], now: float, admitted: int | None
 ) -> Demand:
-    """What the job asks of the allocator: its bounds (capped by a pending-timeout hold, by the
-    workers Kueue `admitted` for a queued job, and by the size the policy shrank it to while
-    `regrown`, its regrowth hold, lasts) and the nodes its running workers sit on (so a stable job
-    keeps its place)."""
-    caps = [c for c in (hold_cap(job, now), admitted, regrown) if c is not None]
+    """What the job asks of the allocator: its bounds (capped by a pending-timeout hold, and by the
+    workers Kueue `admitted` for a queued job) and the nodes its running workers sit on (so a
+    stable job keeps its place)."""
+    caps = [c for c in (hold_cap(job, now), admitted) if c is not None]
     replicas = job.spec.replicas
     return Demand(
         key=job.key,

@@ -44,7 +44,6 @@ from .plan import (
     Observed,
     Plan,
     PlannerConfig,
-    RescaleReason,
     Sizing,
     Timeout,
     Workers,
@@ -307,19 +306,6 @@ def hold_cap(job: Job, now: float) -> int | None:
     """The pending-timeout cap on the job's size, if one is in force (for the allocator)."""
     hold = current_hold(job, now)
     return hold.replicas if hold is not None else None
-
-
-def regrow_cap(job: Job, now: float, hold_s: float) -> int | None:
-    """The size a job the allocator shrank keeps for `hold_s` seconds after (None: no cap): its last
-    rescale, when that took capacity back, capped below at its minimum. Any later rescale (a
-    preemption, a growth) ends it; so does a new leader, which reads the same status."""
-    last = job.status.last_rescale
-    if hold_s <= 0 or last is None or last.reason != RescaleReason.CAPACITY_RECLAIMED:
-        return None
-    at = parse_time(last.time)
-    if at is None or now >= at + hold_s:
-        return None
-    return max(last.to, job.spec.replicas.min)
 
 
 def target_size(

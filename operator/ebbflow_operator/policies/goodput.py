@@ -16,7 +16,6 @@ from ..decision.allocator import (
 )
 from ..decision.model import JobKey
 from .greedy import (
-    REGROW_HOLD_S,
     PassJobs,
     allocate_greedily,
     breakpoints_of,
@@ -74,7 +73,6 @@ class GoodputPolicy:
     devices: Mapping[str, NodeDevices] = field(default_factory=dict)
     now: float = 0.0
     name: str = field(default="goodput")
-    regrow_hold_s: float = REGROW_HOLD_S
 
     def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]:
         return self.decide(demands, free).counts

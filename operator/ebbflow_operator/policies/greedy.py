@@ -24,12 +24,6 @@ from .throughput import Placement
 T = TypeVar("T")
 
 
-# Seconds a job these policies shrank may not grow again. Their utilities predict a job's growth
-# on the nodes the packing chose, but the kube-scheduler places the new workers (spread): a job can
-# be grown onto a placement slower than predicted, shrunk back once it is measured there, and grown
-# again. The hold makes that at most one round trip a minute (docs/operator.md, "The hold").
-REGROW_HOLD_S = 60.0
-
 # A job's utility at a placement (higher is better); the greedy maximises their sum.
 Utility = Callable[[Demand, Placement], float]
 # Sizes above a count where the job's utility may jump (e.g. where its per-worker load drops).

@@ -13,7 +13,6 @@ from ..decision.allocator import (
 )
 from ..decision.model import JobKey
 from .greedy import (
-    REGROW_HOLD_S,
     PassJobs,
     allocate_greedily,
     breakpoints_of,
@@ -46,7 +45,6 @@ class QualityPolicy:
     now: float = 0.0  # unused: the curves carry their own steps; kept so both policies build alike
     horizon_s: float = 300.0
     name: str = field(default="quality")
-    regrow_hold_s: float = REGROW_HOLD_S
 
     def decide(self, demands: Sequence[Demand], free: Mapping[str, int]) -> Allocation:
         return Allocation(self.allocate(demands, free))

@@ -15,12 +15,10 @@ from ebbflow_devtools.builders import (
     make_worker,
     with_writes,
 )
-from ebbflow_operator.decision.allocator import Policy, PriorityFairShare
+from ebbflow_operator.decision.allocator import PriorityFairShare
 from ebbflow_operator.decision.decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
-from ebbflow_operator.decision.model import Job, JobKey, Node, Pod, format_time
+from ebbflow_operator.decision.model import Job, JobKey, Node, Pod
 from ebbflow_operator.decision.plan import Deletion, Event, Plan, Refusal
-from ebbflow_operator.policies import GoodputPolicy, QualityPolicy
-from ebbflow_operator.policies.greedy import REGROW_HOLD_S
 
 NOW = 1_000_000.0
 
@@ -340,27 +338,3 @@ def test_plan_writes(plan: Plan, writes: int) -> None:
 )
 def test_plan_summary(plan: Plan, summary: str) -> None:
     assert plan.summary() == summary
-
-
-@pytest.mark.parametrize(
-    ("policy", "shrunk_ago", "size"),
-    [
-        pytest.param(QualityPolicy(), 10.0, 2, id="quality-holds-a-job-it-shrank"),
-        pytest.param(GoodputPolicy(now=NOW), 10.0, 2, id="goodput-holds-a-job-it-shrank"),
-        pytest.param(QualityPolicy(), REGROW_HOLD_S + 1, 4, id="and-grows-it-once-the-hold-is-over"),
-        pytest.param(GoodputPolicy(now=NOW), REGROW_HOLD_S + 1, 4, id="goodput-too"),
-        pytest.param(PriorityFairShare(), 10.0, 4, id="fair-share-holds-nothing"),
-    ],
-)
-def test_a_job_the_policy_shrank_does_not_grow_again_until_its_hold_is_over(
-    policy: Policy, shrunk_ago: float, size: int
-) -> None:
-    """Two of its four workers were taken back; now the cluster is free again."""
-    rescale = {"time": format_time(NOW - shrunk_ago), "from": 4, "to": 2, "reason": "CapacityReclaimed"}
-    train = make_job(
-        JobBuilder("train").replicas(1, 4).set(leaveGraceSeconds=30), age=600, status={"lastRescale": rescale}
-    )
-    pods = [worker(train, 0, "a"), worker(train, 1, "a")]
-    result = decide([Node("a", 4)], pods, [train], {}, {}, NOW, OperatorConfig(), policy)
-    (plan,) = result.plans
-    assert plan.status["desiredReplicas"] == size

@@ -60,7 +60,6 @@ from ebbflow_operator.decision.planner import (
     new_workers,
     pending_timeout,
     plan_job,
-    regrow_cap,
     rendezvous_and_services,
     resize,
     target_size,
@@ -676,27 +675,6 @@ def test_pending_timeout(
 def test_current_hold(status: dict[str, Any], hold: Hold | None) -> None:
     assert current_hold(job(status=status), NOW) == hold
     assert hold_cap(job(status=status), NOW) == (hold.replicas if hold else None)
-
-
-def reclaimed(ago: float, to: int = 3, reason: str = "CapacityReclaimed") -> dict[str, Any]:
-    """A status whose last rescale took the job from 4 workers to `to`, `ago` seconds before NOW."""
-    return {"lastRescale": {"time": format_time(NOW - ago), "from": 4, "to": to, "reason": reason}}
-
-
-@pytest.mark.parametrize(
-    ("status", "hold_s", "cap"),
-    [
-        pytest.param({}, 60, None, id="never-rescaled"),
-        pytest.param(reclaimed(10), 60, 3, id="shrunk-10s-ago-held-at-its-size"),
-        pytest.param(reclaimed(60), 60, None, id="the-hold-is-over"),
-        pytest.param(reclaimed(10), 0, None, id="a-policy-that-holds-nothing"),
-        pytest.param(reclaimed(10, to=0), 60, 2, id="shrunk-to-none-may-come-back-at-its-minimum"),
-        pytest.param(reclaimed(10, reason="Preemption"), 60, None, id="a-lost-node-is-not-held"),
-        pytest.param(reclaimed(10, reason="CapacityFreed"), 60, None, id="a-growth-ends-the-hold"),
-    ],
-)
-def test_regrow_cap(status: dict[str, Any], hold_s: float, cap: int | None) -> None:
-    assert regrow_cap(job(status=status), NOW, hold_s) == cap
 
 
 # --- size ----------------------------------------------------------------------------------------
