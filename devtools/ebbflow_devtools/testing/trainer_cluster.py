@@ -39,6 +39,12 @@ HELD_DIGITS = str(Path(__file__).resolve().parent / "held_digits.py")
 # The held digits trained sharded (sharding="fsdp"): start_held works with either.
 SHARDED_DIGITS = str(Path(__file__).resolve().parent / "sharded_digits.py")
 SHARDED_DIGITS_PER_STEP = f"{SHARDED_DIGITS}:build_per_step"
+HELD_SCRIPTS = (HELD_DIGITS, SHARDED_DIGITS, SHARDED_DIGITS_PER_STEP)
+# How long start_held holds training at most (its wait for the newcomers to be admitted).
+HOLD_LIMIT_SECONDS = 240
+# A held script's collective timeout: a worker that read its samples before the hold began waits in
+# the step's all-reduce for its held peer as long as the hold lasts, which must not break the world.
+HELD_COLLECTIVE_TIMEOUT = ["--collective-timeout", str(2 * HOLD_LIMIT_SECONDS)]
 # The launcher command the zygote (`zygote.py` beside this module) forks instead of executing.
 EBBFLOW_TRAIN = (sys.executable, "-m", "ebbflow_trainer")
 # What torch elastic's agent logs when it stops its workers, here to admit a waiting node, and what
@@ -360,7 +366,9 @@ class Job:
         command = [*self.launcher, "run", self.script, "--steps", str(self.steps)]
         command += ["--mode", self.mode, "--state-dir", str(state_dir), "--journal", str(journal)]
         # A longer last call than the default lets all nodes of a busy machine form the first world together.
-        command += ["--last-call-timeout", "3", *self.extra_args, *args]
+        command += ["--last-call-timeout", "3"]
+        command += HELD_COLLECTIVE_TIMEOUT if self.script in HELD_SCRIPTS else []
+        command += [*self.extra_args, *args]  # after the defaults above: the last of a flag wins
         return self._start(command, state_dir, journal, env)
 
     def start_torchrun_node(self, *script_args: str, env: dict[str, str] | None = None) -> Node:
@@ -405,9 +413,10 @@ class Job:
         Training is held (``HELD_DIGITS``, reading a sample waits) while they start, and released once
         every node trains in one world of them all, or once the agents of a smaller world asked their
         workers to stop at the next step boundary to admit the rest: within the leave grace (30 s)
-        after which they would kill them. Without the hold, a short job could end first."""
-        held = (HELD_DIGITS, SHARDED_DIGITS, SHARDED_DIGITS_PER_STEP)
-        assert self.script in held, f"start_held needs running_job(..., script=one of {held})"
+        after which they would kill them. Without the hold, a short job could end first. A worker
+        may wait out the hold inside a step's all-reduce: held scripts' nodes get a collective timeout
+        longer than the hold (``HELD_COLLECTIVE_TIMEOUT``), so the hold never breaks a world."""
+        assert self.script in HELD_SCRIPTS, f"start_held needs running_job(script=one of {HELD_SCRIPTS})"
         hold = self.hold_file
         hold.touch()
         stops_before = {n.name: admissions(n.log.read_text(errors="replace")) for n in running}
@@ -424,7 +433,8 @@ class Job:
             return bool(in_a_world) and all(stops(n) > 0 for n in in_a_world)
 
         try:
-            wait_for(admitted, 240, f"{len(everyone)} nodes in one world, or their agents admitting the rest")
+            waited_for = f"{len(everyone)} nodes in one world, or their agents admitting the rest"
+            wait_for(admitted, HOLD_LIMIT_SECONDS, waited_for)
         except TimeoutError as error:
             raise TimeoutError(f"{error}\n{self.diagnose()}") from None
         finally:
