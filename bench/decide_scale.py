@@ -3,7 +3,7 @@ API: how long one pass takes, and how that grows with nodes + pods.
 
     .venv/bin/python bench/decide_scale.py [--scales 100x500,300x1500,1000x5000] [--passes 5]
                                           [--policy fair|goodput|quality] [--profile 1000x5000]
-                                          [--state steady|starting]
+                                          [--state steady|starting|submitted]
 
 The observed state is the steady phase of the operator benchmark after convergence: JOBS jobs (min 2,
 max 24, 1 GPU per worker) on NODES nodes of 4 GPUs, every GPU held by a running, ready worker, each
@@ -12,7 +12,9 @@ place: a pass that finds nothing to do, which is most passes (every watch event 
 and nodes go through the real parsing path (ebbflow_devtools.builders). The fair policy decides by
 default; goodput and quality decide with no measurements yet (their priors), as after an operator restart.
 `--state starting` times the passes of a convergence instead: the same placement with every third
-worker bound but not yet running, so that every job has a status to write and no plan is reused.
+worker bound but not yet running, so that every job has a status to write and no plan is reused;
+`--state submitted` the first passes: every job new, without a pod. A pass is `decide` and the
+writes built for the plans it applies (`this_pass`, at most 500 writes), as in the operator.
 
 Prints the median pass time per scale (without a memo: the first pass after a relist; and with the
 previous pass's memo, `decide.PlanMemo`: a pass woken by an event that changed no job) and its
@@ -39,7 +41,7 @@ from ebbflow_api import contract
 from ebbflow_devtools.builders import NOW, JobBuilder, make_job, make_node, make_rendezvous, make_worker
 from ebbflow_operator.decision import manifests
 from ebbflow_operator.decision.allocator import Policy
-from ebbflow_operator.decision.decide import OperatorConfig, decide
+from ebbflow_operator.decision.decide import OperatorConfig, decide, this_pass
 from ebbflow_operator.decision.model import Job, JobKey, Node, Pod
 from ebbflow_operator.policies import POLICIES, policy_named
 from ebbflow_operator.policies.history import node_devices
@@ -84,7 +86,14 @@ def starting_state(jobs: int, nodes: int) -> tuple[list[Node], list[Pod], list[J
     return node_list, starting, job_list
 
 
-STATES = {"steady": steady_state, "starting": starting_state}
+def submitted_state(jobs: int, nodes: int) -> tuple[list[Node], list[Pod], list[Job]]:
+    """The jobs just submitted: no pod yet and no status, what the first passes of the steady phase
+    of `operator_bench.py` see (every job's plan creates its workers; most plans wait for later passes)."""
+    node_list, _, job_list = _converged(jobs, nodes)
+    return node_list, [], [_job(i, {}) for i in range(len(job_list))]
+
+
+STATES = {"steady": steady_state, "starting": starting_state, "submitted": submitted_state}
 
 
 def _converged(jobs: int, nodes: int) -> tuple[list[Node], list[Pod], list[Job]]:
@@ -125,6 +134,7 @@ def time_passes(jobs: int, nodes: int, passes: int, name: str, state: str) -> di
     for _ in range(passes):
         started = time.perf_counter()
         result = decide(node_list, pods, job_list, services, policies, NOW, config, policy(name, node_list))
+        this_pass(result.plans, config.max_writes_per_pass, config.planner.trainer_service_accounts)
         seconds.append(time.perf_counter() - started)
         work = sum(1 for p in result.plans if p.has_work)
         started = time.perf_counter()
@@ -146,7 +156,9 @@ def profile(jobs: int, nodes: int, name: str, state: str, top: int = 25) -> str:
     services, policies = children(job_list)
     profiler = cProfile.Profile()
     profiler.enable()
-    decide(node_list, pods, job_list, services, policies, NOW, OperatorConfig(), policy(name, node_list))
+    config = OperatorConfig()
+    result = decide(node_list, pods, job_list, services, policies, NOW, config, policy(name, node_list))
+    this_pass(result.plans, config.max_writes_per_pass, config.planner.trainer_service_accounts)
     profiler.disable()
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any, Self
 
 from ebbflow_api import contract
@@ -22,7 +21,7 @@ from ebbflow_operator.decision import kueue, kueue_room
 from ebbflow_operator.decision.allocator import Demand
 from ebbflow_operator.decision.model import QUEUE_LABEL, Job, Node, Pod, format_time, parse_job
 from ebbflow_operator.decision.plan import Plan
-from ebbflow_operator.decision.planner import writes_of
+from ebbflow_operator.decision.planner import rendered
 
 DEFAULT_IMAGE = "ebbflow/trainer:test"
 
@@ -256,7 +255,7 @@ def make_demand(
 def with_writes(plan: Plan, service_accounts: Mapping[str, str] | None = None) -> Plan:
     """`plan` carrying the writes its fields call for, as the planner emits them (a test builds the
     fields by hand)."""
-    return replace(plan, writes=writes_of(plan, service_accounts or {}))
+    return rendered(plan, service_accounts or {})
 
 
 class WorkloadBuilder:

@@ -307,8 +307,9 @@ class Reconciler:
             self._refusals,
         )
         self._memo = result.memo
+        accounts = self.config.planner.trainer_service_accounts
+        work, later = this_pass(result.plans, self.config.max_writes_per_pass, accounts)
         decided = time.monotonic()
-        work, later = this_pass(result.plans, self.config.max_writes_per_pass)
         failures = sum(self._pool.map(self._apply, work))
         applied = time.monotonic()
         for part, seconds in (("observe", observed - started), ("decide", decided - observed)):

@@ -28,7 +28,7 @@ from .kueue import Admission, Flavor, Workload
 from .kueue_room import ClusterQueue, LocalQueue
 from .model import Job, JobKey, Node, Pod, parse_toleration
 from .plan import TERMINAL_PHASES, Observed, Plan, PlannerConfig, Refusal
-from .planner import hold_cap, plan_job
+from .planner import hold_cap, plan_job, rendered
 
 
 @dataclass(frozen=True)
@@ -195,22 +195,26 @@ def decide(
     return PassResult(tuple(plans), capacity.total, max(0, capacity.total - used), remembered)
 
 
-def this_pass(plans: Sequence[Plan], max_writes: int) -> tuple[list[Plan], list[Plan]]:
-    """The plans with work that this pass applies, and those left for the next pass.
+def this_pass(
+    plans: Sequence[Plan], max_writes: int, service_accounts: Mapping[str, str]
+) -> tuple[list[Plan], list[Plan]]:
+    """The plans with work that this pass applies, their writes built (`planner.rendered`; workers
+    whose template names no ServiceAccount get `service_accounts`'), and those left for the next pass.
 
     Applying is bounded so that one pass cannot hold the loop for minutes (a first pass over 1,000
     new jobs would create 20,000 pods; at the API server's 30-100 writes/s on a small control plane
     a lost node would wait that long): plans are taken whole, those with deletions first (they
     answer losses and free GPUs for the others), then in the jobs' order, until `max_writes` is
     reached; the first is always taken. What is left is planned afresh by the next pass, which
-    runs at once (plans are level-triggered: nothing is lost by deferring one)."""
+    runs at once (plans are level-triggered: nothing is lost by deferring one). A deferred plan's
+    bodies are never built: at 1,000 new jobs that was most of a pass (bench/README.md)."""
     work = sorted((p for p in plans if p.has_work), key=lambda p: not p.delete)
     taken, writes = 0, 0
     for plan in work:
         if taken and writes + plan.write_count > max_writes:
             break
         taken, writes = taken + 1, writes + plan.write_count
-    return work[:taken], work[taken:]
+    return [rendered(plan, service_accounts) for plan in work[:taken]], work[taken:]
 
 
 def _plan_inputs(job: Job, observed: Observed, workloads: tuple[Workload, ...]) -> PlanInputs:

@@ -109,7 +109,10 @@ class Plan:
     rescale_reason: RescaleReason | None = None
     preemptions: int = 0
     status: Json = field(default_factory=dict)
-    writes: tuple[Write, ...] = ()  # what carries the fields above out, in order (`planner.writes_of`)
+    # How many writes carry the fields above out (`planner.write_steps`, counted without a body built).
+    api_writes: int = 0
+    # Those writes, in order: built only for the plans a pass applies (`planner.rendered`).
+    writes: tuple[Write, ...] = ()
 
     @property
     def has_work(self) -> bool:
@@ -119,7 +122,7 @@ class Plan:
     @property
     def write_count(self) -> int:
         """The API writes applying the plan takes (events included)."""
-        return len(self.writes) + len(self.events)
+        return self.api_writes + len(self.events)
 
     def summary(self) -> str:
         """The plan's writes in a line, for the operator's debug log: which fields of the status

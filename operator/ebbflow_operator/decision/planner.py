@@ -19,6 +19,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from ebbflow_api import contract
@@ -124,7 +125,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
         preemptions=len(seen.lost),
         status=update.status,
     )
-    return replace(plan, writes=writes_of(plan, config.trainer_service_accounts))
+    return replace(plan, api_writes=len(write_steps(plan, config.trainer_service_accounts)))
 
 
 def classify(
@@ -506,41 +507,67 @@ def memory_budget(
     )
 
 
-def writes_of(plan: Plan, service_accounts: Mapping[str, str]) -> tuple[Write, ...]:
-    """The writes that carry `plan` out, complete and in order (see `writes`); `service_accounts`
-    names the ServiceAccount of workers whose template sets none."""
+def write_steps(plan: Plan, service_accounts: Mapping[str, str]) -> list[Callable[[], Write]]:
+    """The writes that carry `plan` out, in order (see `writes`), each built when called: counting
+    them builds no manifest, so a plan left for the next pass (`decide.this_pass`) costs no pod
+    bodies. `service_accounts` names the ServiceAccount of workers whose template sets none."""
     job = plan.job
-    writes: list[Write] = [PatchStatus(plan.status_patch)] if plan.status_patch else []
-    writes += [DeletePod(d.name, d.uid, d.grace_seconds) for d in plan.delete]
+    steps: list[Callable[[], Write]] = []
+    if plan.status_patch:
+        steps.append(partial(PatchStatus, plan.status_patch))
+    steps += [partial(DeletePod, d.name, d.uid, d.grace_seconds) for d in plan.delete]
     if plan.create_network_policy:
-        writes.append(CreateChild(ChildKind.NETWORK_POLICY, manifests.network_policy(job)))
+        steps.append(lambda: CreateChild(ChildKind.NETWORK_POLICY, manifests.network_policy(job)))
     if plan.create_workload is not None:
-        writes.append(CreateChild(ChildKind.WORKLOAD, plan.create_workload))
+        steps.append(partial(CreateChild, ChildKind.WORKLOAD, plan.create_workload))
     if plan.patch_workload is not None:
-        writes.append(plan.patch_workload)
+        steps.append(partial(_as_is, plan.patch_workload))
     if plan.create_rendezvous_pod:
-        writes.append(CreateChild(ChildKind.SECRET, manifests.rendezvous_token_secret(job)))
-        writes.append(CreateChild(ChildKind.POD, manifests.rendezvous_pod(job)))
+        steps.append(lambda: CreateChild(ChildKind.SECRET, manifests.rendezvous_token_secret(job)))
+        steps.append(lambda: CreateChild(ChildKind.POD, manifests.rendezvous_pod(job)))
     if plan.create_service:
-        writes.append(CreateChild(ChildKind.SERVICE, manifests.job_service(job)))
-    for index, generation in plan.create_workers:
-        body = manifests.worker_pod(
-            job,
-            index,
-            generation,
-            service_accounts,
-            global_batch=plan.global_batch,
-            node=plan.pin_node,
-            memory_budget=plan.memory_budget,
-            placement=plan.placement,
-        )
-        writes.append(CreateChild(ChildKind.POD, body))
+        steps.append(lambda: CreateChild(ChildKind.SERVICE, manifests.job_service(job)))
+    steps += [
+        partial(_worker, plan, index, generation, service_accounts)
+        for index, generation in plan.create_workers
+    ]
     for batch in plan.update_global_batch:
         annotation = {contract.ANNOTATION_GLOBAL_BATCH_SIZE: str(batch.value)}
-        writes.append(AnnotatePod(batch.name, batch.uid, annotation))
+        steps.append(partial(AnnotatePod, batch.name, batch.uid, annotation))
     for budget in plan.update_memory_budget:
         annotation = {contract.ANNOTATION_MEMORY_BUDGET: str(budget.value)}
-        writes.append(AnnotatePod(budget.name, budget.uid, annotation))
+        steps.append(partial(AnnotatePod, budget.name, budget.uid, annotation))
     if plan.declare_gone is not None:
-        writes.append(plan.declare_gone)
-    return tuple(writes)
+        steps.append(partial(_as_is, plan.declare_gone))
+    return steps
+
+
+def _as_is(write: Write) -> Write:
+    """A write the plan already holds whole (a Workload patch, a declaration)."""
+    return write
+
+
+def _worker(plan: Plan, index: int, generation: int, service_accounts: Mapping[str, str]) -> CreateChild:
+    """A new worker's creation: its manifest with what the plan decided for new workers."""
+    body = manifests.worker_pod(
+        plan.job,
+        index,
+        generation,
+        service_accounts,
+        global_batch=plan.global_batch,
+        node=plan.pin_node,
+        memory_budget=plan.memory_budget,
+        placement=plan.placement,
+    )
+    return CreateChild(ChildKind.POD, body)
+
+
+def writes_of(plan: Plan, service_accounts: Mapping[str, str]) -> tuple[Write, ...]:
+    """The writes that carry `plan` out, complete and in order (`write_steps`, each built)."""
+    return tuple(step() for step in write_steps(plan, service_accounts))
+
+
+def rendered(plan: Plan, service_accounts: Mapping[str, str]) -> Plan:
+    """`plan` carrying its writes, built: what a pass applies (`decide.this_pass`)."""
+    writes = writes_of(plan, service_accounts)
+    return replace(plan, writes=writes, api_writes=len(writes))

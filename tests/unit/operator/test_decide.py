@@ -295,9 +295,12 @@ IDLE = Plan(job=make_job(JobBuilder("idle").replicas(1, 2)))
     ],
 )
 def test_this_pass(plans: list[Plan], budget: int, now: list[str], later: list[str]) -> None:
-    applied, deferred = this_pass(plans, budget)
+    unbuilt = [replace(p, writes=()) for p in plans]  # as the planner leaves them: counted, not built
+    applied, deferred = this_pass(unbuilt, budget, {})
     assert ([p.job.name for p in applied], [p.job.name for p in deferred]) == (now, later)
     assert sum(p.write_count for p in applied) <= budget or len(applied) == 1
+    assert all(len(p.writes) + len(p.events) == p.write_count for p in applied), "applied: built"
+    assert all(p.writes == () for p in deferred), "a deferred plan builds no body"
 
 
 @pytest.mark.parametrize(

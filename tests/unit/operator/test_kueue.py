@@ -21,7 +21,7 @@ from ebbflow_operator.decision.allocator import PriorityFairShare
 from ebbflow_operator.decision.decide import KueueObjects, OperatorConfig, decide
 from ebbflow_operator.decision.model import Job, Json, Placement
 from ebbflow_operator.decision.plan import Observed, PlannerConfig
-from ebbflow_operator.decision.planner import plan_job
+from ebbflow_operator.decision.planner import plan_job, writes_of
 from ebbflow_operator.decision.status import ADMITTED, SCHEDULABLE
 from ebbflow_operator.decision.writes import ChildKind, CreateChild, PatchWorkload
 
@@ -255,7 +255,7 @@ def test_a_job_waiting_for_admission_creates_its_workload_and_no_pod() -> None:
     plan = plan_job(JOB, observed([], [], desired=8), NOW, CONFIG)
     assert plan.create_workers == () and not plan.create_rendezvous_pod
     assert plan.create_service and plan.create_network_policy
-    kinds = [w.kind for w in plan.writes if isinstance(w, CreateChild)]
+    kinds = [w.kind for w in writes_of(plan, {}) if isinstance(w, CreateChild)]
     assert kinds == [ChildKind.NETWORK_POLICY, ChildKind.WORKLOAD, ChildKind.SERVICE]
     assert conditions(plan.status)[ADMITTED] == ("False", "Creating")
     waiting = plan_job(JOB, observed([slice_().pending()], [], desired=8), NOW, CONFIG)
@@ -301,7 +301,7 @@ def test_the_admitted_flavors_node_labels_and_tolerations_go_onto_the_workers() 
     plan = plan_job(JOB, seen, NOW, CONFIG)
     pods = [
         w.body
-        for w in plan.writes
+        for w in writes_of(plan, {})
         if isinstance(w, CreateChild) and w.body["metadata"]["name"].startswith("a-worker")
     ]
     assert len(pods) == 2

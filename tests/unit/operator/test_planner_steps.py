@@ -60,10 +60,12 @@ from ebbflow_operator.decision.planner import (
     new_workers,
     pending_timeout,
     plan_job,
+    rendered,
     rendezvous_and_services,
     resize,
     target_size,
     victims,
+    write_steps,
     writes_of,
 )
 from ebbflow_operator.decision.status import FAILED, PREEMPTED, READY, SCHEDULABLE, SUCCEEDED, ConditionUpdate
@@ -1510,8 +1512,19 @@ def test_writes_of_builds_complete_worker_bodies() -> None:
     assert worker.body["spec"]["serviceAccountName"] == "trainers"
 
 
-def test_plan_job_carries_its_writes() -> None:
-    """The planner's plan is executed as it is: its writes are those its fields call for."""
+def test_plan_job_counts_its_writes_without_building_them() -> None:
+    """The planner counts the writes its plan's fields call for; only a pass that applies the plan
+    builds them (`decide.this_pass`), so a plan left for later costs no pod bodies."""
     job = make_job(JobBuilder("fresh").replicas(1, 2))
     plan = plan_job(job, observed([], frozenset()), NOW, PlannerConfig(trainer_service_accounts={"": "sa"}))
-    assert plan.writes == writes_of(plan, {"": "sa"}) and plan.writes
+    built = writes_of(plan, {"": "sa"})
+    assert plan.writes == () and plan.api_writes == len(built) > 0
+    assert rendered(plan, {"": "sa"}).writes == built
+
+
+@pytest.mark.parametrize(
+    "plan", [FULL_PLAN, Plan(job=WRITER, events=FULL_PLAN.events)], ids=["full", "events"]
+)
+def test_write_steps_count_what_writes_of_builds(plan: Plan) -> None:
+    assert len(write_steps(plan, {})) == len(writes_of(plan, {}))
+    assert rendered(plan, {}).write_count == len(writes_of(plan, {})) + len(plan.events)
