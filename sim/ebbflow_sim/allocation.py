@@ -19,7 +19,14 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from ebbflow_operator import policies
-from ebbflow_operator.decision.allocator import Demand, Packing, Policy, first_acceptable
+from ebbflow_operator.decision.allocator import (
+    Allocation,
+    Demand,
+    Packing,
+    Policy,
+    first_acceptable,
+    growth_in_room,
+)
 from ebbflow_operator.decision.model import JobKey
 from ebbflow_operator.policies import JobMetrics, NodeDevices, SlicedPacking, policy_named
 
@@ -100,20 +107,35 @@ def rigid_allocate(
     return {d.key: packing.count(d.key) for d in demands}
 
 
+def pinned_growth(
+    decision: Allocation, demands: Sequence[Demand], free: Mapping[str, int]
+) -> dict[JobKey, tuple[str, ...]]:
+    """The growths the operator pins where the policy placed them (`allocator.growth_in_room`): those
+    that fit in the GPUs no running worker holds (`free` counts the running workers' as free)."""
+    room = dict(free)
+    for d in demands:
+        for node in d.current_nodes:
+            if node in room:
+                room[node] -= d.gpus_per_worker
+    return growth_in_room(decision, demands, room)
+
+
 class Placer(SlicedPacking):
     """The placement the engine applies, as the operator and the kube-scheduler carry a pass out: the
     policy's counts; running workers kept where they are (every job's kept workers are placed before
     anyone grows) unless the policy moves them (pinned to the nodes it chose, before anyone grows);
-    new workers where the scheduler puts the operator's unpinned pods (`schedule`). A job whose
-    growth does not reach its min here gets 0 (its pods would stay Pending)."""
+    new workers on the nodes the policy placed them on where it says (`Allocation.growth`: the
+    operator pins them), else where the scheduler puts the operator's unpinned pods (`schedule`). A
+    job whose growth does not reach its min here gets 0 (its pods would stay Pending)."""
 
     def apply(
         self,
         demands: Sequence[Demand],
         counts: Mapping[JobKey, int],
         moves: Mapping[JobKey, Sequence[str]] | None = None,
+        growth: Mapping[JobKey, Sequence[str]] | None = None,
     ) -> dict[JobKey, list[str]]:
-        moves = moves or {}
+        moves, growth = moves or {}, growth or {}
         ordered = sorted(demands, key=lambda d: (-d.priority, d.created, d.key))
         for d in ordered:
             moved = moves.get(d.key, ())
@@ -125,7 +147,13 @@ class Placer(SlicedPacking):
                 self._sticky[d.key] = list(moves[d.key])
             self.place_up_to(d, len(moves.get(d.key, ())))
         for d in ordered:
-            self.schedule(d, counts.get(d.key, 0) - self.count(d.key))
+            new = counts.get(d.key, 0) - self.count(d.key)
+            pinned = growth.get(d.key, ())
+            if pinned and len(pinned) == new:
+                self._sticky[d.key] = list(pinned)
+                self.place_up_to(d, new)
+            else:
+                self.schedule(d, new)
             if 0 < self.count(d.key) < d.min:
                 self.withdraw(d)
         return {d.key: self.nodes_of(d.key) for d in demands}

@@ -26,7 +26,16 @@ from ebbflow_operator.decision.model import JobKey
 from ebbflow_operator.policies import NodeDevices
 from ebbflow_operator.policies.throughput import Placement, compute_speeds
 
-from .allocation import ELASTIC, POLICIES, Placer, demand, elastic_policy, key_of, rigid_allocate
+from .allocation import (
+    ELASTIC,
+    POLICIES,
+    Placer,
+    demand,
+    elastic_policy,
+    key_of,
+    pinned_growth,
+    rigid_allocate,
+)
 from .cluster import ClusterConfig, initial_nodes, lifetime_s, node_type, replacement
 from .job_state import JobState
 from .trace import SimJob
@@ -314,14 +323,16 @@ class Simulation:
         devices = {n: self._devices(n, spot and elastic, speeds) for n, spot in self.nodes.items()}
         batches: dict[JobKey, int] = {}
         moves: dict[JobKey, tuple[str, ...]] = {}
+        growth: dict[JobKey, tuple[str, ...]] = {}
         if self.policy in ELASTIC:
             pause = self.config.rescale_pause_s
             policy = elastic_policy(self.policy, states, devices, self.now, pause, speeds)
             decision = policy.decide(demands, free)
             counts, batches, moves = decision.counts, decision.global_batch, decision.moves
+            growth = pinned_growth(decision, demands, free)
         else:
             counts = rigid_allocate(self.policy, states, demands, free)
-        placed = Placer(free, devices).apply(demands, counts, moves)
+        placed = Placer(free, devices).apply(demands, counts, moves, growth)
         changed = bool(grown)
         for state in states:
             changed |= self._move(state, placed[key_of(state)])

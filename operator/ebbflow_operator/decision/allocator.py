@@ -227,11 +227,33 @@ class Packing:
 class Allocation:
     """Every job's worker count, for jobs whose spec lets it change the global batch chosen, and for
     jobs spread over several nodes that should run on one, that node once per new worker to start
-    there (the job's workers on other nodes leave; its count says how many it has in all)."""
+    there (the job's workers on other nodes leave; its count says how many it has in all). The
+    objective policies also say where each growing job's new workers go (`growth`, one node per new
+    worker): they priced the growth at that placement, so the operator pins the workers there."""
 
     counts: dict[JobKey, int]
     global_batch: dict[JobKey, int] = field(default_factory=dict)
     moves: dict[JobKey, tuple[str, ...]] = field(default_factory=dict)
+    growth: dict[JobKey, tuple[str, ...]] = field(default_factory=dict)
+
+
+def growth_in_room(
+    allocation: Allocation, demands: Sequence[Demand], room: Mapping[str, int]
+) -> dict[JobKey, tuple[str, ...]]:
+    """The growths (`Allocation.growth`) that fit in `room`, the GPUs per node no worker holds now,
+    taken in the allocation's order (priority, then oldest). A worker pinned to GPUs another job's
+    leaving worker still holds would wait for it (or for ever, if the planner's victims are not the
+    ones the packing gave back), so a growth that does not fit whole is left to the scheduler."""
+    left = dict(room)
+    fitting: dict[JobKey, tuple[str, ...]] = {}
+    for demand in sorted(demands, key=lambda d: (-d.priority, d.created, d.key)):
+        nodes = allocation.growth.get(demand.key, ())
+        wanted = Counter(nodes)
+        if nodes and all(left.get(node, 0) >= n * demand.gpus_per_worker for node, n in wanted.items()):
+            for node, n in wanted.items():
+                left[node] -= n * demand.gpus_per_worker
+            fitting[demand.key] = nodes
+    return fitting
 
 
 class Policy(Protocol):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from ebbflow_api import contract
 
 from . import kueue, kueue_room
-from .allocator import Demand, Policy, most_used_first
+from .allocator import Demand, Policy, growth_in_room, most_used_first
 from .capacity import cluster_capacity, eligible_nodes, matches_selector
 from .kueue import Admission, Flavor, Workload
 from .kueue_room import ClusterQueue, LocalQueue
@@ -72,6 +72,7 @@ class ObservedValues:
     free_gpus: int
     global_batch: int | None
     moves: tuple[str, ...]
+    growth: tuple[str, ...]
     admission: Admission | None  # also what other jobs of its ClusterQueue leave it (kueue_room.py)
     refused: Refusal | None
 
@@ -161,6 +162,7 @@ def decide(
         demands.append(_demand(job, held, eligible[job.key], now, admitted))
     capacity = cluster_capacity(selected, pods, movable)
     allocation = policy.decide(demands, capacity.free)
+    growth = growth_in_room(allocation, demands, _room_now(capacity.free, movable))
     plans = []
     remembered: dict[JobKey, tuple[PlanInputs, Plan]] = {}
     # Free GPUs per set of eligible nodes: jobs of one shape share the set, so each is summed once
@@ -179,6 +181,7 @@ def decide(
             network_policies=network_policies.get(job.key, frozenset()),
             global_batch=allocation.global_batch.get(job.key),
             moves=allocation.moves.get(job.key, ()),
+            growth=growth.get(job.key, ()),
             admission=admissions.get(job.key),
             refused=_recent((refusals or {}).get(job.key), now, config.planner.refusal_backoff),
         )
@@ -227,6 +230,7 @@ def _plan_inputs(job: Job, observed: Observed, workloads: tuple[Workload, ...]) 
         observed.free_gpus,
         observed.global_batch,
         observed.moves,
+        observed.growth,
         observed.admission,
         observed.refused,
     )
@@ -294,6 +298,16 @@ def _demand(
         created=job.created,
         current_nodes=most_used_first([p.node for p in held if p.node and not p.deleting]),
     )
+
+
+def _room_now(free: Mapping[str, int], workers: Sequence[Pod]) -> dict[str, int]:
+    """The GPUs per node no worker holds now: `free` counts the `workers`' GPUs as free (theirs to
+    hand out again), the leaving ones' included, though they hold them until their pods are gone."""
+    room = dict(free)
+    for pod in workers:
+        if pod.node in room:
+            room[pod.node] -= pod.gpus
+    return room
 
 
 def _slices_by_job(jobs: Sequence[Job], workloads: Sequence[Workload]) -> dict[JobKey, tuple[Workload, ...]]:

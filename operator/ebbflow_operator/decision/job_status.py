@@ -103,9 +103,9 @@ def job_status(
     rescaled: tuple[Event, ...] = (
         (Event("Normal", "Rescaled", f"{before} -> {target} workers ({reason})"),) if reason else ()
     )
-    if sizing.pin_node is not None:
+    if sizing.moved_onto is not None:
         message = (
-            f"onto node {sizing.pin_node}: {len(sizing.create)} new workers there, the "
+            f"onto node {sizing.moved_onto}: {len(sizing.create)} new workers there, the "
             f"{len(sizing.delete)} on other nodes leave; {target} workers on one node"
         )
         rescaled += (Event("Normal", "MovedOntoOneNode", message),)

@@ -206,7 +206,7 @@ def worker_pod(
     placement: Placement | None = None,
 ) -> Json:
     """A worker: the job's template plus the contract's labels, annotations and environment; with
-    `node`, required to run there (`pin_to_node`: it replaces workers moved onto that node); with
+    `node`, required to run there (`pin_to_node`: where the policy placed it, or moved the job); with
     `placement`, on the nodes its Kueue flavors name, tolerating their taints.
 
     `service_accounts` (namespace -> name, "" for every namespace) names the ServiceAccount of

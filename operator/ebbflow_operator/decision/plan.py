@@ -91,7 +91,7 @@ class BudgetUpdate:
 class Plan:
     job: Job
     create_workers: tuple[tuple[int, int], ...] = ()  # (index, world generation)
-    pin_node: str | None = None  # the node every new worker must run on (a move onto one node)
+    pins: tuple[str, ...] = ()  # the node each new worker must run on, in create_workers' order (none: any)
     global_batch: int | None = None  # B for new workers (spec.maxGlobalBatchSize only)
     update_global_batch: tuple[BatchUpdate, ...] = ()
     memory_budget: int | None = None  # MiB for new workers (spec.bandLimit only; None: not known)
@@ -156,6 +156,7 @@ class Observed:
     network_policies: frozenset[str] = frozenset()  # names of the job's NetworkPolicies that exist
     global_batch: int | None = None  # the policy's B for the job (None: the policy keeps B)
     moves: tuple[str, ...] = ()  # the policy's node once per new worker there (Allocation.moves)
+    growth: tuple[str, ...] = ()  # the policy's node for each new worker of a growth (Allocation.growth)
     admission: Admission | None = None  # what Kueue admits of a queued job (None: not queued)
     refused: Refusal | None = None  # a new worker refused within PlannerConfig.refusal_backoff
 
@@ -229,7 +230,8 @@ class Sizing:
     delete: tuple[Deletion, ...] = ()  # the scale-down's victims
     create: tuple[tuple[int, int], ...] = ()  # (index, world generation) of new workers
     generation: int = 0
-    pin_node: str | None = None  # set when the job moves onto one node: where the new workers must run
+    pins: tuple[str, ...] = ()  # the node each new worker must run on, in `create`'s order (none: any)
+    moved_onto: str | None = None  # set when the job moves onto one node
 
 
 @dataclass(frozen=True)

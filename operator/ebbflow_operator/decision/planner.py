@@ -106,7 +106,7 @@ def plan_job(job: Job, observed: Observed, now: float, config: PlannerConfig) ->
     plan = Plan(
         job=job,
         create_workers=sizing.create,
-        pin_node=sizing.pin_node,
+        pins=sizing.pins,
         global_batch=batch.value,
         update_global_batch=batch.update,
         memory_budget=budget.value,
@@ -368,11 +368,11 @@ def _keep_a_state_holder(chosen: list[Pod], remaining: list[Pod], order: Callabl
 
 def resize(job: Job, active: Sequence[Pod], target: int, disrupted: bool, observed: Observed) -> Sizing:
     """Brings `active` to `target`: deletes the victims (bound ones get their leave grace) or adds new
-    workers; or, when the policy moves the job onto one node, deletes its workers elsewhere
-    (`movers`) and adds new ones pinned there; adds none while a refused worker's back-off lasts
-    (`Observed.refused`). A new world generation starts when the set of workers changes
-    (`disrupted`: it already did this pass), so that every worker of one world carries the same
-    number."""
+    workers (pinned where the policy placed them: `growth_pins`); or, when the policy moves the job
+    onto one node, deletes its workers elsewhere (`movers`) and adds new ones pinned there; adds none
+    while a refused worker's back-off lasts (`Observed.refused`). A new world generation starts when
+    the set of workers changes (`disrupted`: it already did this pass), so that every worker of one
+    world carries the same number."""
     moving = movers(active, target, disrupted, observed.moves)
     chosen = moving or victims(active, len(active) - target, observed.nodes)
     why = "move onto one node" if moving else "scale down"
@@ -382,14 +382,33 @@ def resize(job: Job, active: Sequence[Pod], target: int, disrupted: bool, observ
     missing = 0 if observed.refused is not None else max(0, target - len(staying))
     generation = (job.status.world_generation or 0) + int(disrupted or bool(chosen) or missing > 0)
     grace = job.spec.leave_grace_seconds
+    create = new_workers(job.name, missing, generation, {p.name for p in observed.pods})
+    pins = (
+        (observed.moves[0],) * len(create)
+        if moving
+        else growth_pins(observed.growth, create, chosen, disrupted)
+    )
     return Sizing(
         target=target,
         active=staying,
         delete=tuple(Deletion(p.name, p.uid, grace if p.node else 0, why) for p in chosen),
-        create=new_workers(job.name, missing, generation, {p.name for p in observed.pods}),
+        create=create,
         generation=generation,
-        pin_node=observed.moves[0] if moving else None,
+        pins=pins,
+        moved_onto=observed.moves[0] if moving else None,
     )
+
+
+def growth_pins(
+    growth: Sequence[str], create: Sequence[tuple[int, int]], chosen: Sequence[Pod], disrupted: bool
+) -> tuple[str, ...]:
+    """The nodes the new workers of a plain growth must run on: the policy's (`Allocation.growth`)
+    when it placed exactly these new workers beside all of the job's workers, which nothing else
+    changed this pass (the policy saw what this pass sees); otherwise none, and the scheduler
+    places them (a replacement, a growth the policy did not place)."""
+    if not growth or chosen or disrupted or len(growth) != len(create):
+        return ()
+    return tuple(growth)
 
 
 def movers(active: Sequence[Pod], target: int, disrupted: bool, moves: Sequence[str]) -> list[Pod]:
@@ -528,8 +547,7 @@ def write_steps(plan: Plan, service_accounts: Mapping[str, str]) -> list[Callabl
     if plan.create_service:
         steps.append(lambda: CreateChild(ChildKind.SERVICE, manifests.job_service(job)))
     steps += [
-        partial(_worker, plan, index, generation, service_accounts)
-        for index, generation in plan.create_workers
+        partial(_worker, plan, position, service_accounts) for position in range(len(plan.create_workers))
     ]
     for batch in plan.update_global_batch:
         annotation = {contract.ANNOTATION_GLOBAL_BATCH_SIZE: str(batch.value)}
@@ -547,15 +565,17 @@ def _as_is(write: Write) -> Write:
     return write
 
 
-def _worker(plan: Plan, index: int, generation: int, service_accounts: Mapping[str, str]) -> CreateChild:
-    """A new worker's creation: its manifest with what the plan decided for new workers."""
+def _worker(plan: Plan, position: int, service_accounts: Mapping[str, str]) -> CreateChild:
+    """The creation of the plan's new worker at `position`: its manifest with what the plan decided
+    for new workers, pinned to its node if the plan pins them."""
+    index, generation = plan.create_workers[position]
     body = manifests.worker_pod(
         plan.job,
         index,
         generation,
         service_accounts,
         global_batch=plan.global_batch,
-        node=plan.pin_node,
+        node=plan.pins[position] if plan.pins else None,
         memory_budget=plan.memory_budget,
         placement=plan.placement,
     )

@@ -20,6 +20,7 @@ from .greedy import (
     allocate_greedily,
     breakpoints_of,
     cancel_relocations,
+    growth_nodes,
 )
 from .job_metrics import DEFAULT_RESCALE_PAUSE_S, NO_WORKERS_PENALTY, JobMetrics, metrics_of
 from .packing import NodeDevices, SlicedPacking
@@ -81,7 +82,7 @@ class GoodputPolicy:
         """The counts `allocate` returns and, for every job that may change its batch
         (`JobMetrics.max_batch`) and got workers, the B chosen for the placement the pass projected
         (B0 while its noise scale is unknown; the B it runs at while that is within
-        `BATCH_SWITCH_GAIN` of the best)."""
+        `BATCH_SWITCH_GAIN` of the best), the moves, and where growing jobs' new workers go."""
         fair = PriorityFairShare().allocate(demands, free)
         info = metrics_of(demands, self.metrics)
         # Jobs share their eligible sets (the simulator's are one), so each set's node size is
@@ -96,12 +97,13 @@ class GoodputPolicy:
         counts = allocate_greedily(demands, packing, objective.utility, breakpoints_of(info))
         cancel_relocations(demands, counts, packing)
         moves = self._consolidate(demands, counts, packing, objective.speedup)
+        growth = growth_nodes(demands, counts, packing, moves)
         batches = {
             d.key: objective.job(d)[0].batch_to_run(packing.placement(d), info[d.key].current_batch)
             for d in demands
             if info[d.key].max_batch is not None and counts[d.key] > 0
         }
-        return Allocation(counts, batches, moves)
+        return Allocation(counts, batches, moves, growth)
 
     def _consolidate(
         self,

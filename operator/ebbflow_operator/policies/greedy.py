@@ -159,6 +159,32 @@ def cancel_relocations(demands: Sequence[Demand], counts: dict[JobKey, int], pac
             counts[demand.key] = kept
 
 
+def growth_nodes(
+    demands: Sequence[Demand], counts: Mapping[JobKey, int], packing: SlicedPacking, moved: Iterable[JobKey]
+) -> dict[JobKey, tuple[str, ...]]:
+    """Where the packing put each growing job's new workers, one node per new worker, in placement
+    order (`Allocation.growth`): the jobs that keep every running worker in place and grow, except
+    those `moved` (their new workers are the move's) and GPU-less ones (they need no node). The
+    policy priced the growth at that placement; a worker the scheduler spread elsewhere would run
+    at another speed, be measured there, and be undone by the next pass."""
+    skipped = set(moved)
+    growth: dict[JobKey, tuple[str, ...]] = {}
+    for demand in demands:
+        running, count = len(demand.current_nodes), counts.get(demand.key, 0)
+        if demand.key in skipped or demand.gpus_per_worker <= 0 or count <= running:
+            continue
+        left = Counter(demand.current_nodes)
+        new = []
+        for node in packing.nodes_of(demand.key):
+            if left[node] > 0:
+                left[node] -= 1
+            else:
+                new.append(node)
+        if len(new) == count - running:  # else a running worker would move: not a plain growth
+            growth[demand.key] = tuple(new)
+    return growth
+
+
 def _memoised(utility: Utility) -> Utility:
     """`utility`, evaluated once per (job, placement) in a pass: the greedy re-ranks a job after
     every placement anywhere and mostly asks for placements it has asked for before. Sound because

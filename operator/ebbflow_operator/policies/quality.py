@@ -16,6 +16,7 @@ from .greedy import (
     PassJobs,
     allocate_greedily,
     breakpoints_of,
+    growth_nodes,
 )
 from .job_metrics import JobMetrics, metrics_of
 from .loss_curve import LossCurve, fit_loss_curve
@@ -47,14 +48,15 @@ class QualityPolicy:
     name: str = field(default="quality")
 
     def decide(self, demands: Sequence[Demand], free: Mapping[str, int]) -> Allocation:
-        return Allocation(self.allocate(demands, free))
-
-    def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]:
+        """The counts and where each growing job's new workers go (`Allocation.growth`)."""
         info = metrics_of(demands, self.metrics)
         objective = _QualityObjective(self, info)
-        return allocate_greedily(
-            demands, SlicedPacking(free, self.devices), objective.utility, breakpoints_of(info)
-        )
+        packing = SlicedPacking(free, self.devices)
+        counts = allocate_greedily(demands, packing, objective.utility, breakpoints_of(info))
+        return Allocation(counts, growth=growth_nodes(demands, counts, packing, ()))
+
+    def allocate(self, demands: Sequence[Demand], free: Mapping[str, int]) -> dict[JobKey, int]:
+        return self.decide(demands, free).counts
 
     def _curve(self, demand: Demand, metrics: JobMetrics, model: JobModel) -> tuple[LossCurve, float]:
         """(curve, the step the job is at): fitted, or the prior from step 0."""

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 from ebbflow_devtools.builders import NODES4, make_demand
-from ebbflow_operator.decision.allocator import Demand, Packing, PriorityFairShare, most_used_first
+from ebbflow_operator.decision.allocator import (
+    Allocation,
+    Demand,
+    Packing,
+    PriorityFairShare,
+    growth_in_room,
+    most_used_first,
+)
 
 CASES = [
     pytest.param([make_demand("a", 1, 8)], NODES4, {"a": 8}, id="one job gets its max"),
@@ -126,3 +133,30 @@ def test_best_fit_leaves_large_holes_for_large_pods() -> None:
     packing = Packing({"big": 4, "small": 1})
     assert packing.place(make_demand("one", 1, 1, nodes={"big": 4, "small": 1}))
     assert packing.free == {"big": 4, "small": 0}
+
+
+@pytest.mark.parametrize(
+    ("growth", "room", "expected"),
+    [
+        pytest.param({"a": ("n0", "n0")}, {"n0": 2}, {"a": ("n0", "n0")}, id="fits"),
+        pytest.param({"a": ("n0", "n1")}, {"n0": 1, "n1": 0}, {}, id="part-of-it-held-now: none"),
+        pytest.param({"wide": ("n0",)}, {"n0": 1}, {}, id="a-two-gpu-worker-in-one-gpu"),
+        pytest.param(
+            {"a": ("n0", "n0"), "high": ("n0",)}, {"n0": 2}, {"high": ("n0",)}, id="higher-priority-first"
+        ),
+        pytest.param({"a": ("n0",), "b": ("n0",)}, {"n0": 1}, {"a": ("n0",)}, id="then-the-older"),
+    ],
+)
+def test_growth_in_room(
+    growth: dict[str, tuple[str, ...]], room: dict[str, int], expected: dict[str, tuple[str, ...]]
+) -> None:
+    """Growths pinned only where their GPUs are free now, whole, in the allocation's order."""
+    demands = [
+        make_demand("a", 1, 4, created=1.0),
+        make_demand("b", 1, 4, created=2.0),
+        make_demand("high", 1, 4, priority=10, created=3.0),
+        make_demand("wide", 1, 4, gpus=2),
+    ]
+    allocation = Allocation({}, growth={("ns", name): nodes for name, nodes in growth.items()})
+    fitting = growth_in_room(allocation, demands, room)
+    assert {key[1]: nodes for key, nodes in fitting.items()} == expected

@@ -15,7 +15,7 @@ from ebbflow_devtools.builders import (
     make_worker,
     with_writes,
 )
-from ebbflow_operator.decision.allocator import PriorityFairShare
+from ebbflow_operator.decision.allocator import Allocation, PriorityFairShare
 from ebbflow_operator.decision.decide import OperatorConfig, PassResult, PlanMemo, decide, this_pass
 from ebbflow_operator.decision.model import Job, JobKey, Node, Pod
 from ebbflow_operator.decision.plan import Deletion, Event, Plan, Refusal
@@ -59,6 +59,41 @@ def test_a_deleted_worker_that_left_with_exit_0_does_not_end_the_job() -> None:
     (plan,) = result.plans
     assert plan.status["desiredReplicas"] == 3
     assert not [d for d in plan.delete if d.name in {"train-worker-0", "train-worker-2"}]
+
+
+@dataclass(frozen=True)
+class DecidedPolicy:
+    """A policy whose decision is given: what `decide` does with an objective policy's growth."""
+
+    allocation: Allocation
+
+    def allocate(self, demands: object, free: object) -> dict[JobKey, int]:
+        return self.allocation.counts
+
+    def decide(self, demands: object, free: object) -> Allocation:
+        return self.allocation
+
+
+@pytest.mark.parametrize(
+    ("growth", "pins"),
+    [
+        pytest.param(("a", "a"), ("a", "a"), id="free-now: pinned"),
+        pytest.param(("b", "b"), (), id="held-by-leaving-workers: the-scheduler-places-them"),
+    ],
+)
+def test_a_growth_is_pinned_only_where_its_gpus_are_free_now(
+    growth: tuple[str, ...], pins: tuple[str, ...]
+) -> None:
+    """`grow` runs 2 workers on a (2 GPUs free there); `shrunk`'s two workers on b (2 GPUs) are
+    leaving, so the allocation counts b's GPUs as free, but a worker pinned there would wait for them."""
+    nodes = [Node("a", 4), Node("b", 2), Node("c", 1)]
+    grow, shrunk = job("grow", 1, 4, priority=0, age=600), job("shrunk", 1, 4, priority=0, age=900)
+    pods = [worker(grow, 0, "a"), worker(grow, 1, "a"), worker(shrunk, 0, "b", deleting=True)]
+    pods += [worker(shrunk, 1, "b", deleting=True), worker(shrunk, 2, "c")]
+    decided = Allocation({grow.key: 4, shrunk.key: 1}, growth={grow.key: growth})
+    result = decide(nodes, pods, [grow, shrunk], {}, {}, NOW, OperatorConfig(), DecidedPolicy(decided))
+    plan = next(plan for plan in result.plans if plan.job.name == "grow")
+    assert (len(plan.create_workers), plan.pins) == (2, pins)
 
 
 @pytest.mark.parametrize(

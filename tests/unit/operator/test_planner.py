@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from ebbflow_api import contract
 from ebbflow_devtools.builders import NOW, JobBuilder, make_job, make_node, make_rendezvous, make_worker
+from ebbflow_operator.decision import manifests
 from ebbflow_operator.decision.model import (
     LABEL_GPU_MEMORY,
     LABEL_GPU_REPLICAS,
@@ -19,7 +20,8 @@ from ebbflow_operator.decision.model import (
     format_time,
 )
 from ebbflow_operator.decision.plan import Observed, Plan, PlannerConfig, Refusal
-from ebbflow_operator.decision.planner import plan_job
+from ebbflow_operator.decision.planner import plan_job, writes_of
+from ebbflow_operator.decision.writes import ChildKind, CreateChild
 
 CONFIG = PlannerConfig(pending_timeout=60, hold_seconds=300)
 NODES = {"od-0": make_node("od-0"), "od-1": make_node("od-1"), "spot-0": make_node("spot-0", spot=True)}
@@ -257,6 +259,28 @@ def test_scale_down_keeps_workers_together_takes_spot_first_and_gives_grace() ->
     assert result.status["phase"] == "Scaling"
 
 
+def test_a_growth_runs_where_the_policy_placed_it() -> None:
+    """The policy priced the growth on od-1 (`Allocation.growth`): the new workers must run there,
+    where the scheduler would have spread them as it liked."""
+    pods = [worker(0, "od-0"), worker(1, "od-0")]
+    j = job(lo=1, status=running_status(pods, 2))
+    seen = Observed([*pods, RDZV], SERVICES, NODES, 4, free_gpus=6, growth=("od-1", "od-1"))
+    result = plan_job(j, seen, NOW, CONFIG)
+    assert (result.create_workers, result.pins) == (((2, 2), (3, 2)), ("od-1", "od-1"))
+    bodies = [w.body for w in writes_of(result, {}) if isinstance(w, CreateChild) and w.kind is ChildKind.POD]
+    assert bodies == [manifests.worker_pod(j, i, 2, {}, node="od-1") for i in (2, 3)]
+
+
+def test_a_replacement_is_not_pinned() -> None:
+    """A worker lost this pass: the job's world changes anyway, the policy's growth is not what this
+    pass replaces, and the scheduler places the new worker."""
+    pods = [worker(0, "od-0"), worker(1, "od-0", phase="Failed")]
+    j = job(lo=1, status=running_status(pods, 2))
+    seen = Observed([*pods, RDZV], SERVICES, NODES, 2, free_gpus=6, growth=("od-1",))
+    result = plan_job(j, seen, NOW, CONFIG)
+    assert len(result.create_workers) == 1 and result.pins == ()
+
+
 def test_a_move_onto_one_node_replaces_the_workers_elsewhere_with_pinned_ones() -> None:
     """Same size, new world: the two workers off od-0 leave with their grace, two new ones must run
     on od-0; the job is Scaling until they are ready, and no rescale is recorded (the size stays)."""
@@ -268,7 +292,7 @@ def test_a_move_onto_one_node_replaces_the_workers_elsewhere_with_pinned_ones() 
         ("j-worker-2", 30, "move onto one node"),
         ("j-worker-3", 30, "move onto one node"),
     ]
-    assert (result.create_workers, result.pin_node) == (((4, 2), (5, 2)), "od-0")
+    assert (result.create_workers, result.pins) == (((4, 2), (5, 2)), ("od-0", "od-0"))
     assert [e.reason for e in result.events] == ["MovedOntoOneNode"]
     assert (result.status["phase"], result.status["desiredReplicas"]) == ("Scaling", 4)
     assert "lastRescale" not in result.status

@@ -53,6 +53,7 @@ from ebbflow_operator.decision.planner import (
     current_hold,
     end_of_job,
     global_batch,
+    growth_pins,
     hold_cap,
     lost_reason,
     memory_budget,
@@ -865,7 +866,33 @@ def test_resize_replaces_moved_workers_with_pinned_ones() -> None:
         ("j-worker-3", 30, "move onto one node"),
     ]
     assert (names(sizing.active), list(sizing.create)) == (["j-worker-0", "j-worker-1"], [(4, 4), (5, 4)])
-    assert (sizing.pin_node, sizing.generation) == ("od-0", 4)
+    assert (sizing.pins, sizing.moved_onto, sizing.generation) == (("od-0", "od-0"), "od-0", 4)
+
+
+@pytest.mark.parametrize(
+    ("growth", "create", "chosen", "disrupted", "expected"),
+    [
+        pytest.param(("od-0", "od-1"), 2, [], False, ("od-0", "od-1"), id="the-policys-nodes"),
+        pytest.param((), 2, [], False, (), id="the-policy-placed-none"),
+        pytest.param(("od-0",), 2, [], False, (), id="counts-disagree"),
+        pytest.param(("od-0", "od-1"), 2, [], True, (), id="disrupted-this-pass"),
+        pytest.param(("od-0",), 1, SPREAD[3:], False, (), id="workers-leave-this-pass"),
+    ],
+)
+def test_growth_pins(
+    growth: tuple[str, ...], create: int, chosen: list[Pod], disrupted: bool, expected: tuple[str, ...]
+) -> None:
+    """New workers run where the policy placed them only when the policy placed exactly these beside
+    every worker the job has, and nothing else changed its workers this pass."""
+    assert growth_pins(growth, [(i, 1) for i in range(create)], chosen, disrupted) == expected
+
+
+def test_resize_pins_a_growth_where_the_policy_placed_it() -> None:
+    j = job(status={"worldGeneration": 3})
+    seen = replace(observed(SPREAD[:2]), growth=("od-1", "spot-0"))
+    sizing = resize(j, SPREAD[:2], 4, False, seen)
+    assert list(sizing.create) == [(2, 4), (3, 4)]
+    assert (sizing.pins, sizing.moved_onto) == (("od-1", "spot-0"), None)
 
 
 @pytest.mark.parametrize(
@@ -1504,7 +1531,7 @@ def test_writes_of_orders_the_plan(plan: Plan, expected: list[tuple[str, str]]) 
 
 def test_writes_of_builds_complete_worker_bodies() -> None:
     """The worker's body is the manifest with everything the plan decided for new workers."""
-    plan = replace(FULL_PLAN, pin_node="n7", global_batch=128)
+    plan = replace(FULL_PLAN, pins=("n7",), global_batch=128)
     [worker] = [w for w in writes_of(plan, {"": "trainers"}) if described(w) == ("create Pod", "w-worker-4")]
     assert isinstance(worker, CreateChild)
     expected = manifests.worker_pod(WRITER, 4, 2, {"": "trainers"}, global_batch=128, node="n7")

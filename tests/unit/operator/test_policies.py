@@ -12,7 +12,12 @@ from ebbflow_devtools.builders import NODES4, make_demand
 from ebbflow_operator.decision.allocator import Demand, Policy, PriorityFairShare
 from ebbflow_operator.policies import GoodputPolicy, JobMetrics, NodeDevices, QualityPolicy, SlicedPacking
 from ebbflow_operator.policies.goodput import _goodputs
-from ebbflow_operator.policies.greedy import cancel_relocations, kept_in_place, virtual_node_breakpoints
+from ebbflow_operator.policies.greedy import (
+    cancel_relocations,
+    growth_nodes,
+    kept_in_place,
+    virtual_node_breakpoints,
+)
 from ebbflow_operator.policies.loss_curve import LossCurve
 from ebbflow_operator.policies.throughput import JobModel, Measurement, Placement, ThroughputParams
 
@@ -354,6 +359,51 @@ def test_cancel_relocations(lo: int, plan: tuple[str, ...], expected: tuple[str,
     counts = {job.key: len(plan)}
     cancel_relocations([job], counts, packing)
     assert (counts[job.key], tuple(packing.nodes_of(job.key))) == (len(expected), expected)
+
+
+# --- where growth goes (Allocation.growth: the operator pins new workers there) --------------------
+
+
+@pytest.mark.parametrize(
+    ("current", "plan", "gpus", "moved", "expected"),
+    [
+        pytest.param(("a", "a"), ("a", "a", "c", "a"), 1, False, ("c", "a"), id="beside its workers"),
+        pytest.param((), ("c", "c"), 1, False, ("c", "c"), id="a new job"),
+        pytest.param(("a", "b"), ("a", "b"), 1, False, None, id="same size"),
+        pytest.param(("a", "b"), ("a",), 1, False, None, id="shrunk"),
+        pytest.param(("a", "b"), ("a", "c", "c"), 1, False, None, id="a running worker would move"),
+        pytest.param(("a", "a"), ("a", "a", "c"), 1, True, None, id="moved: the move's workers"),
+        pytest.param(("a",), ("a", ""), 0, False, None, id="gpu-less workers need no node"),
+    ],
+)
+def test_growth_nodes(
+    current: tuple[str, ...], plan: tuple[str, ...], gpus: int, moved: bool, expected: tuple[str, ...] | None
+) -> None:
+    """The nodes of a growing job's new workers in the packing, in placement order, for jobs that
+    keep every running worker in place; none for any other job."""
+    free = {"a": 4, "b": 4, "c": 4}
+    job = make_demand("j", 1, 8, gpus=gpus, nodes=free, current=current)
+    packing = SlicedPacking(free, {})
+    packing.place_on(job, plan)
+    growth = growth_nodes([job], {job.key: len(plan)}, packing, [job.key] if moved else [])
+    assert growth.get(job.key) == expected
+
+
+@pytest.mark.parametrize("factory", POLICIES)
+def test_objective_policies_say_where_every_growth_goes(factory: PolicyFactory) -> None:
+    """Each growing job's new workers, one node each, beside its running ones: the counts and the
+    nodes agree, and the nodes hold what the growth takes."""
+    free = {"n0": 4, "n1": 4, "n2": 4}
+    running = make_demand("running", 1, 8, created=1.0, nodes=free, current=("n0", "n0"))
+    new = make_demand("new", 2, 3, created=2.0, nodes=free)
+    decision = factory(metrics={}, now=NOW).decide([running, new], free)
+    assert decision.growth, "a prior makes both jobs grow"
+    for demand in (running, new):
+        grown = decision.counts[demand.key] - len(demand.current_nodes)
+        assert len(decision.growth.get(demand.key, ())) == max(0, grown)
+    taken = [node for nodes in decision.growth.values() for node in nodes]
+    # `free` counts the running workers' GPUs as free (theirs to keep), as the operator's capacity does.
+    assert all(taken.count(node) + running.current_nodes.count(node) <= free[node] for node in free)
 
 
 # --- goodput: batch-size co-adaptation (JobMetrics.max_batch) -------------------------------------

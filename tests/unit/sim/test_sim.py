@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from ebbflow_devtools.builders import make_demand
+from ebbflow_operator.decision.allocator import Allocation
 from ebbflow_operator.policies.throughput import Placement
 from ebbflow_sim import cli
-from ebbflow_sim.allocation import Placer, metrics
+from ebbflow_sim.allocation import Placer, metrics, pinned_growth
 from ebbflow_sim.cluster import ClusterConfig, GpuType, initial_nodes, node_type, replacement
 from ebbflow_sim.job_state import JobState
 from ebbflow_sim.simulation import SimConfig, Simulation
@@ -499,6 +500,27 @@ def test_placer_moves_workers_onto_the_policys_node() -> None:
     b = make_demand("b", 1, 4, created=1.0, nodes=free, current=("n0", "n0"))
     placed = Placer(free, {}).apply([a, b], {a.key: 4, b.key: 4}, {a.key: ("n1", "n1")})
     assert placed == {a.key: ["n1"] * 4, b.key: ["n0"] * 4}
+
+
+def test_placer_puts_growth_where_the_policy_placed_it() -> None:
+    """The operator pins a growth to the policy's nodes (`Allocation.growth`): the scheduler's
+    spread would have put the second worker on n1."""
+    free = {"n0": 4, "n1": 4}
+    a = make_demand("a", 1, 4, nodes=free, current=("n0",))
+    assert Placer(free, {}).apply([a], {a.key: 3}, growth={a.key: ("n0", "n0")}) == {a.key: ["n0"] * 3}
+    assert Placer(free, {}).apply([a], {a.key: 3}, growth={a.key: ("n0",)}) == {a.key: ["n0", "n1", "n0"]}
+
+
+def test_growth_is_pinned_only_into_gpus_no_running_worker_holds() -> None:
+    """As the operator pins (`decide`): the policy may place a growth on GPUs it takes from another
+    job's running worker, which the operator cannot pin into until that worker is gone."""
+    free = {"n0": 4, "n1": 4}
+    a = make_demand("a", 1, 4, created=1.0, nodes=free, current=("n0", "n0"))
+    b = make_demand("b", 1, 4, created=2.0, nodes=free, current=("n1", "n1", "n1"))
+    decision = Allocation({a.key: 4, b.key: 2}, growth={a.key: ("n0", "n0"), b.key: ("n0", "n1")})
+    assert pinned_growth(decision, [a, b], free) == {a.key: ("n0", "n0")}
+    moved_in = Allocation({a.key: 3, b.key: 2}, growth={a.key: ("n1",)})
+    assert pinned_growth(moved_in, [a, b], free) == {a.key: ("n1",)}
 
 
 def test_placer_without_moves_keeps_running_workers_where_they_are() -> None:
